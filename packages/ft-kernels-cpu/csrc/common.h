@@ -1,0 +1,94 @@
+// Shared pieces of the CPU MoE kernels: ISA tiers, bf16 conversion, aligned scratch, errors.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define FT_X86 1
+#include <immintrin.h>
+#else
+#define FT_X86 0
+#endif
+
+// Each kernel tier is compiled with its own target attribute; nothing in the wheel assumes more
+// than the baseline ISA of the build target.
+#if FT_X86
+#define FT_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define FT_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+#define FT_TARGET_AVX512_BF16 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
+#endif
+
+namespace ft {
+
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Ordered lowest to highest; a higher tier may use every instruction of a lower one.
+enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2, avx512_bf16 = 3 };
+constexpr int kNumIsa = 4;
+
+const char* isa_name(Isa isa);
+Isa isa_from_name(const std::string& name, const char* what);
+// Highest tier the CPU and OS support (CPUID + XGETBV).
+Isa cpu_best_isa();
+// Tier to use: `requested` if not empty, else $FT_CPU_MOE_ISA if set, else the best one. A request
+// above what the CPU supports raises.
+Isa resolve_isa(const std::string& requested);
+
+inline float bf16_to_f32(uint16_t v) {
+  uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// Round to nearest even; NaN stays a (quiet) NaN.
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0) {
+    return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  }
+  uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+
+struct AlignedFree {
+  void operator()(void* p) const { std::free(p); }
+};
+
+// 64-byte aligned, zero-initialised scratch of `count` elements of T.
+template <typename T>
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  explicit AlignedBuffer(size_t count) { resize(count); }
+  void resize(size_t count) {
+    if (count <= count_) return;
+    size_t bytes = (count * sizeof(T) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, bytes ? bytes : 64);
+    if (!p) throw Error("out of memory allocating " + std::to_string(bytes) + " bytes of scratch");
+    std::memset(p, 0, bytes);
+    ptr_.reset(p);
+    count_ = count;
+  }
+  T* data() { return static_cast<T*>(ptr_.get()); }
+  const T* data() const { return static_cast<const T*>(ptr_.get()); }
+  size_t size() const { return count_; }
+
+ private:
+  std::unique_ptr<void, AlignedFree> ptr_;
+  size_t count_ = 0;
+};
+
+}  // namespace ft

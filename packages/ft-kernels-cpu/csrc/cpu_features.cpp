@@ -1,0 +1,79 @@
+// Run-time ISA tier detection (CPUID + XGETBV) and the FT_CPU_MOE_ISA override.
+#include <cstdlib>
+#include <string>
+
+#include "common.h"
+
+#if FT_X86
+#include <cpuid.h>
+#endif
+
+namespace ft {
+
+static const char* const kIsaNames[kNumIsa] = {"scalar", "avx2", "avx512", "avx512_bf16"};
+
+const char* isa_name(Isa isa) { return kIsaNames[static_cast<int>(isa)]; }
+
+Isa isa_from_name(const std::string& name, const char* what) {
+  for (int i = 0; i < kNumIsa; ++i) {
+    if (name == kIsaNames[i]) return static_cast<Isa>(i);
+  }
+  throw Error(std::string(what) + "='" + name +
+              "' is not an ISA tier; expected one of scalar, avx2, avx512, avx512_bf16");
+}
+
+#if FT_X86
+static uint64_t read_xcr0() {
+  uint32_t eax, edx;
+  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+  return (static_cast<uint64_t>(edx) << 32) | eax;
+}
+#endif
+
+Isa cpu_best_isa() {
+#if FT_X86
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return Isa::scalar;
+  const bool osxsave = c & (1u << 27);
+  const bool fma = c & (1u << 12);
+  const bool f16c = c & (1u << 29);
+  if (!osxsave) return Isa::scalar;
+  const uint64_t xcr0 = read_xcr0();
+  const bool ymm_state = (xcr0 & 0x6) == 0x6;
+  const bool zmm_state = (xcr0 & 0xe6) == 0xe6;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return Isa::scalar;
+  const bool avx2 = b & (1u << 5);
+  const bool avx512f = b & (1u << 16), avx512dq = b & (1u << 17), avx512bw = b & (1u << 30),
+             avx512vl = b & (1u << 31);
+  unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;
+  __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
+  const bool avx512bf16 = a1 & (1u << 5);
+
+  if (!(ymm_state && avx2 && fma && f16c)) return Isa::scalar;
+  if (!(zmm_state && avx512f && avx512dq && avx512bw && avx512vl)) return Isa::avx2;
+  if (!avx512bf16) return Isa::avx512;
+  return Isa::avx512_bf16;
+#else
+  return Isa::scalar;
+#endif
+}
+
+Isa resolve_isa(const std::string& requested) {
+  const Isa best = cpu_best_isa();
+  std::string name = requested;
+  const char* what = "isa";
+  if (name.empty()) {
+    const char* env = std::getenv("FT_CPU_MOE_ISA");
+    if (env == nullptr || *env == '\0') return best;
+    name = env;
+    what = "FT_CPU_MOE_ISA";
+  }
+  const Isa isa = isa_from_name(name, what);
+  if (static_cast<int>(isa) > static_cast<int>(best)) {
+    throw Error(std::string(what) + "='" + name + "' asks for a tier this CPU lacks; its best tier is '" +
+                isa_name(best) + "' (a request can only lower the tier)");
+  }
+  return isa;
+}
+
+}  // namespace ft

@@ -1,0 +1,339 @@
+#include "executor.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace ft {
+
+namespace {
+constexpr int kMaxTopK = 64;
+constexpr int kMaxBlockRows = 256;
+}  // namespace
+
+// One run of one layer, reused across runs (vectors keep their capacity).
+struct MoeJob final : PoolJob {
+  const MoeExecutor::Layer* layer = nullptr;
+  TaskInput in;
+  const int32_t* ids = nullptr;
+  const float* weights = nullptr;
+  uint16_t* y = nullptr;
+  int T = 0, k = 0, H = 0, I = 0;
+  bool on_input = false;
+
+  // Pass 1 work: routes grouped by expert (first-appearance order), each group split in row blocks.
+  std::vector<int> group_of_expert;  // [E] -> group or -1; reset after every run
+  std::vector<int> group_expert, group_begin, members;
+  std::vector<int> member_next;  // scratch for the grouping
+  int rows1 = 16, nblk1 = 0;
+  uint32_t n1 = 0;
+  int rows2 = 16;
+
+  float* inter = nullptr;
+  size_t inter_stride = 0;
+  uint8_t* prep = nullptr;
+  size_t prep_stride = 0;
+  float* scratch = nullptr;
+  size_t scratch_stride = 0;
+
+  void run_unit(uint32_t u, int worker) override {
+    float* s = scratch + worker * scratch_stride;
+    if (u < n1) {
+      pass1(static_cast<int>(u) / nblk1, static_cast<int>(u) % nblk1, s);
+    } else {
+      pass2(static_cast<int>(u - n1), s);
+    }
+  }
+
+  void pass1(int g, int b, float* s) {
+    const MoeFormat& fmt = *layer->fmt;
+    const int i0 = b * rows1, i1 = std::min(I, i0 + rows1), n = i1 - i0;
+    float* gate = s;
+    float* up = s + kMaxBlockRows;
+    const int e = group_expert[g];
+    for (int m = group_begin[g]; m < group_begin[g + 1]; ++m) {
+      const int route = members[m];
+      const int t = route / k;
+      const float scale = on_input ? weights[route] : 1.f;
+      fmt.gate_up(in, e, t, i0, i1, scale, gate, up);
+      float* h = inter + route * inter_stride;
+      apply_activation(layer->act, gate, up, n, h + i0);
+      if (prep) fmt.prep_inter(h, i0, i1, prep + route * prep_stride);
+    }
+  }
+
+  void pass2(int b, float* s) {
+    const MoeFormat& fmt = *layer->fmt;
+    const int h0 = b * rows2, h1 = std::min(H, h0 + rows2);
+    RouteRef refs[kMaxTopK];
+    for (int t = 0; t < T; ++t) {
+      int n = 0;
+      for (int r = 0; r < k; ++r) {
+        const int route = t * k + r;
+        const int e = ids[route];
+        if (e < 0) continue;
+        refs[n++] = RouteRef{e, on_input ? 1.f : weights[route], inter + route * inter_stride,
+                             prep ? prep + route * prep_stride : nullptr};
+      }
+      if (n == 0) continue;  // zeroed before the pool started
+      fmt.down(h0, h1, refs, n, s);
+      uint16_t* yt = y + static_cast<size_t>(t) * H;
+      for (int j = h0; j < h1; ++j) yt[j] = f32_to_bf16(s[j - h0]);
+    }
+  }
+};
+
+namespace {
+
+struct ReadJob final : PoolJob {
+  const uint8_t* data = nullptr;
+  size_t chunk = 0;
+  Isa isa = Isa::scalar;
+  uint64_t* sinks = nullptr;  // one per worker, 64 bytes apart
+  void run_unit(uint32_t u, int worker) override;
+};
+
+}  // namespace
+
+uint64_t read_checksum(Isa isa, const uint8_t* p, size_t bytes);  // read_bandwidth.cpp
+
+void ReadJob::run_unit(uint32_t u, int worker) {
+  sinks[worker * 8] ^= read_checksum(isa, data + static_cast<size_t>(u) * chunk, chunk);
+}
+
+static int default_threads() {
+  const int cores = static_cast<int>(physical_core_cpus().size());
+  // Leave one core to the thread that drives the GPU (or the coordinator): a pool spinning on every
+  // core next to another spinning thread runs an order of magnitude slower.
+  return std::max(1, cores - 1);
+}
+
+static int checked_threads(int num_threads) {
+  if (num_threads == 0) return default_threads();
+  if (num_threads < 0 || num_threads > 1024) {
+    throw Error("num_threads must be in [1, 1024] (or 0 for the default), got " + std::to_string(num_threads));
+  }
+  return num_threads;
+}
+
+MoeExecutor::MoeExecutor(int hidden, int top_k, int max_tokens, int num_threads, const std::string& isa)
+    : hidden_(hidden), top_k_(top_k), max_tokens_(max_tokens), isa_(resolve_isa(isa)),
+      pool_(checked_threads(num_threads)), job_(std::make_unique<MoeJob>()) {
+  if (hidden <= 0) throw Error("hidden must be > 0, got " + std::to_string(hidden));
+  if (top_k <= 0 || top_k > kMaxTopK) {
+    throw Error("top_k must be in [1, " + std::to_string(kMaxTopK) + "], got " + std::to_string(top_k));
+  }
+  if (max_tokens <= 0) throw Error("max_tokens must be > 0, got " + std::to_string(max_tokens));
+  x_f32_.resize(static_cast<size_t>(max_tokens) * hidden);
+
+  abi_.abi_version = FT_MOE_ABI_VERSION;
+  abi_.struct_size = sizeof(ft_moe_executor_abi);
+  abi_.self = this;
+  abi_.run = [](void* self, const ft_moe_task* task) -> int {
+    if (task == nullptr) return -1;
+    return static_cast<MoeExecutor*>(self)->run_noexcept(*task);
+  };
+  abi_.last_error = [](void* self) -> const char* { return static_cast<MoeExecutor*>(self)->last_error(); };
+  abi_.hidden = hidden;
+  abi_.top_k = top_k;
+  abi_.max_tokens = max_tokens;
+  abi_.num_threads = pool_.num_threads();
+}
+
+MoeExecutor::~MoeExecutor() = default;
+
+void MoeExecutor::add_layer(int layer, const std::string& format, int num_experts, int intermediate,
+                            const std::string& activation, std::map<std::string, Bank> banks,
+                            std::map<std::string, double> options, bool router_weight_on_input) {
+  std::lock_guard<std::mutex> lock(run_mutex_);
+  if (layer < 0) throw Error("layer must be >= 0, got " + std::to_string(layer));
+  if (layers_.count(layer)) throw Error("layer " + std::to_string(layer) + " was already added");
+  if (num_experts <= 0) throw Error("num_experts must be > 0, got " + std::to_string(num_experts));
+  if (intermediate <= 0) throw Error("intermediate must be > 0, got " + std::to_string(intermediate));
+
+  Layer L;
+  L.format_name = format;
+  L.params.layer = layer;
+  L.params.num_experts = num_experts;
+  L.params.hidden = hidden_;
+  L.params.intermediate = intermediate;
+  L.params.top_k = top_k_;
+  L.params.isa = isa_;
+  L.params.router_weight_on_input = router_weight_on_input;
+  FormatArgs args("layer " + std::to_string(layer) + " (" + format + ")", std::move(banks), std::move(options));
+  L.act.kind = activation_from_name(activation);
+  if (L.act.kind == Activation::swigluoai) {
+    L.act.alpha = static_cast<float>(args.option_or("alpha", 1.702));
+    L.act.limit = static_cast<float>(args.option_or("limit", 7.0));
+  } else if (L.act.kind == Activation::swiglu_clamp) {
+    L.act.limit = static_cast<float>(args.require_option("limit", "clamp bound of swiglu_clamp"));
+  }
+  L.fmt = make_format(format, L.params, args);
+  args.check_all_used();
+  const int rows1 = L.fmt->pass1_rows(), rows2 = L.fmt->pass2_rows();
+  if (rows1 < 1 || rows1 > kMaxBlockRows || rows2 < 1 || rows2 > kMaxBlockRows) {
+    throw Error(args.context() + ": pass block rows out of range");
+  }
+
+  // Grow scratch to cover this layer.
+  const size_t routes = static_cast<size_t>(max_tokens_) * top_k_;
+  inter_stride_ = std::max(inter_stride_, (static_cast<size_t>(intermediate) + 15) / 16 * 16);
+  inter_.resize(routes * inter_stride_);
+  prep_stride_ = std::max(prep_stride_, (L.fmt->inter_prep_bytes() + 63) / 64 * 64);
+  if (prep_stride_) inter_prep_.resize(routes * prep_stride_);
+  worker_stride_ = 3 * kMaxBlockRows;
+  worker_scratch_.resize(static_cast<size_t>(pool_.num_threads()) * worker_stride_);
+  layers_.emplace(layer, std::move(L));
+}
+
+std::vector<int> MoeExecutor::layers() const {
+  std::vector<int> out;
+  for (const auto& kv : layers_) out.push_back(kv.first);
+  return out;
+}
+
+std::string MoeExecutor::layer_format(int layer) const {
+  auto it = layers_.find(layer);
+  if (it == layers_.end()) throw Error("layer " + std::to_string(layer) + " has not been added");
+  return it->second.format_name;
+}
+
+void MoeExecutor::run(const ft_moe_task& task) {
+  std::lock_guard<std::mutex> lock(run_mutex_);
+  run_locked(task);
+}
+
+int MoeExecutor::run_noexcept(const ft_moe_task& task) noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(run_mutex_);
+    last_error_.clear();
+    try {
+      run_locked(task);
+      return 0;
+    } catch (const std::exception& e) {
+      last_error_ = e.what();
+    }
+  } catch (...) {
+  }
+  return -1;
+}
+
+void MoeExecutor::run_locked(const ft_moe_task& task) {
+  auto it = layers_.find(task.layer);
+  if (it == layers_.end()) throw Error("layer " + std::to_string(task.layer) + " has not been added");
+  const Layer& L = it->second;
+  const int T = task.num_tokens, k = top_k_, H = hidden_;
+  if (T < 0 || T > max_tokens_) {
+    throw Error("num_tokens=" + std::to_string(T) + " is out of range; this executor was built for max_tokens=" +
+                std::to_string(max_tokens_));
+  }
+  if (T == 0) return;
+  if (!task.x || !task.ids || !task.weights || !task.y) throw Error("task has a null x/ids/weights/y pointer");
+  const int E = L.params.num_experts;
+  int routed = 0;
+  for (int i = 0; i < T * k; ++i) {
+    const int e = task.ids[i];
+    if (e >= E) {
+      throw Error("ids[" + std::to_string(i / k) + ", " + std::to_string(i % k) + "]=" + std::to_string(e) +
+                  " is out of range for layer " + std::to_string(task.layer) + " with " + std::to_string(E) +
+                  " experts");
+    }
+    routed += e >= 0;
+  }
+  uint16_t* y = static_cast<uint16_t*>(task.y);
+  if (routed == 0) {  // nothing to compute: do not wake the pool
+    std::memset(y, 0, sizeof(uint16_t) * static_cast<size_t>(T) * H);
+    return;
+  }
+
+  MoeJob& job = *job_;
+  job.layer = &L;
+  job.ids = task.ids;
+  job.weights = task.weights;
+  job.y = y;
+  job.T = T;
+  job.k = k;
+  job.H = H;
+  job.I = L.params.intermediate;
+  job.on_input = L.params.router_weight_on_input;
+  job.rows1 = L.fmt->pass1_rows();
+  job.rows2 = L.fmt->pass2_rows();
+
+  const uint16_t* x = static_cast<const uint16_t*>(task.x);
+  float* xf = x_f32_.data();
+  for (size_t i = 0, n = static_cast<size_t>(T) * H; i < n; ++i) xf[i] = bf16_to_f32(x[i]);
+  job.in = TaskInput{T, x, xf};
+  L.fmt->prep_input(job.in);
+
+  // Group routes by expert, in order of first appearance; members keep token order.
+  if (job.group_of_expert.size() < static_cast<size_t>(E)) job.group_of_expert.assign(E, -1);
+  job.group_expert.clear();
+  job.group_begin.clear();
+  job.members.clear();
+  for (int i = 0; i < T * k; ++i) {
+    const int e = task.ids[i];
+    if (e < 0) continue;
+    int& g = job.group_of_expert[e];
+    if (g < 0) {
+      g = static_cast<int>(job.group_expert.size());
+      job.group_expert.push_back(e);
+    }
+  }
+  const int G = static_cast<int>(job.group_expert.size());
+  job.group_begin.assign(G + 1, 0);
+  for (int i = 0; i < T * k; ++i) {
+    if (task.ids[i] >= 0) ++job.group_begin[job.group_of_expert[task.ids[i]] + 1];
+  }
+  for (int g = 0; g < G; ++g) job.group_begin[g + 1] += job.group_begin[g];
+  job.members.resize(routed);
+  job.member_next.assign(job.group_begin.begin(), job.group_begin.end() - 1);
+  for (int i = 0; i < T * k; ++i) {
+    if (task.ids[i] >= 0) job.members[job.member_next[job.group_of_expert[task.ids[i]]]++] = i;
+  }
+  for (int g = 0; g < G; ++g) job.group_of_expert[job.group_expert[g]] = -1;
+
+  // Tokens without routes are zero; pass 2 skips them.
+  for (int t = 0; t < T; ++t) {
+    bool any = false;
+    for (int r = 0; r < k; ++r) any |= task.ids[t * k + r] >= 0;
+    if (!any) std::memset(y + static_cast<size_t>(t) * H, 0, sizeof(uint16_t) * H);
+  }
+
+  job.inter = inter_.data();
+  job.inter_stride = inter_stride_;
+  job.prep = L.fmt->inter_prep_bytes() ? inter_prep_.data() : nullptr;
+  job.prep_stride = prep_stride_;
+  job.scratch = worker_scratch_.data();
+  job.scratch_stride = worker_stride_;
+  job.nblk1 = (job.I + job.rows1 - 1) / job.rows1;
+  job.n1 = static_cast<uint32_t>(G) * job.nblk1;
+  const uint32_t n2 = static_cast<uint32_t>((H + job.rows2 - 1) / job.rows2);
+  pool_.run(job.n1, n2, &job);
+}
+
+double MoeExecutor::read_bandwidth_gbs(size_t bytes, int passes) {
+  if (passes < 1) throw Error("passes must be >= 1");
+  const size_t chunk = 256 * 1024;
+  const size_t chunks = std::max<size_t>(1, bytes / chunk);
+  std::lock_guard<std::mutex> lock(run_mutex_);
+  if (bw_buffer_.size() < chunks * chunk) {
+    bw_buffer_.resize(chunks * chunk);
+    uint8_t* p = bw_buffer_.data();
+    for (size_t i = 0; i < chunks * chunk; i += 64) p[i] = static_cast<uint8_t>(i >> 6);
+  }
+  AlignedBuffer<uint64_t> sinks(static_cast<size_t>(pool_.num_threads()) * 8);
+  ReadJob job;
+  job.data = bw_buffer_.data();
+  job.chunk = chunk;
+  job.isa = isa_;
+  job.sinks = sinks.data();
+  pool_.run(static_cast<uint32_t>(chunks), 0, &job);  // warm: fault in, wake workers
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int p = 0; p < passes; ++p) pool_.run(static_cast<uint32_t>(chunks), 0, &job);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  volatile uint64_t sink = 0;
+  for (int w = 0; w < pool_.num_threads(); ++w) sink = sink ^ sinks.data()[w * 8];
+  (void)sink;
+  return static_cast<double>(chunks * chunk) * passes / secs / 1e9;
+}
+
+}  // namespace ft

@@ -1,0 +1,80 @@
+// The CPU MoE executor: layers of expert weights in any registered format, run as two passes on a
+// pinned worker pool.
+//
+// Pass 1 (units: expert x block of intermediate rows, all of the expert's tokens): gate/up rows,
+// router weight on input if asked, activation, prep_inter. Barrier. Pass 2 (units: block of output
+// rows, every token): the format's down over all of a token's routes in route order. Every output
+// element is computed by the same arithmetic whatever the thread count.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "activation.h"
+#include "format.h"
+#include "ft_kernels_cpu/moe_abi.h"
+#include "worker_pool.h"
+
+namespace ft {
+
+struct MoeJob;
+
+class MoeExecutor {
+ public:
+  MoeExecutor(int hidden, int top_k, int max_tokens, int num_threads, const std::string& isa);
+  ~MoeExecutor();
+
+  void add_layer(int layer, const std::string& format, int num_experts, int intermediate,
+                 const std::string& activation, std::map<std::string, Bank> banks,
+                 std::map<std::string, double> options, bool router_weight_on_input);
+
+  // Throws Error on bad input. Blocking; concurrent calls are serialised.
+  void run(const ft_moe_task& task);
+  // C ABI: 0 on success, else -1 and last_error() says why.
+  int run_noexcept(const ft_moe_task& task) noexcept;
+  const char* last_error() const { return last_error_.c_str(); }
+
+  // Read bandwidth of this pool over a buffer of `bytes` (reused across calls), in GB/s.
+  double read_bandwidth_gbs(size_t bytes, int passes);
+
+  const ft_moe_executor_abi* abi() const { return &abi_; }
+  int hidden() const { return hidden_; }
+  int top_k() const { return top_k_; }
+  int max_tokens() const { return max_tokens_; }
+  int num_threads() const { return pool_.num_threads(); }
+  Isa isa() const { return isa_; }
+  std::vector<int> layers() const;
+  std::string layer_format(int layer) const;
+
+  struct Layer {
+    std::string format_name;
+    MoeParams params;
+    ActivationSpec act;
+    std::unique_ptr<MoeFormat> fmt;
+  };
+
+ private:
+  void run_locked(const ft_moe_task& task);
+
+  int hidden_, top_k_, max_tokens_;
+  Isa isa_;
+  WorkerPool pool_;
+  std::map<int, Layer> layers_;
+  std::unique_ptr<MoeJob> job_;
+  std::mutex run_mutex_;
+  std::string last_error_;
+  ft_moe_executor_abi abi_{};
+
+  // Scratch, sized for the largest layer.
+  AlignedBuffer<float> x_f32_;          // [max_tokens, hidden]
+  AlignedBuffer<float> inter_;          // [max_tokens, top_k, I_max]
+  AlignedBuffer<uint8_t> inter_prep_;   // [max_tokens, top_k, prep_bytes_max]
+  AlignedBuffer<float> worker_scratch_; // per worker: gate, up, out rows
+  size_t inter_stride_ = 0, prep_stride_ = 0, worker_stride_ = 0;
+  AlignedBuffer<uint8_t> bw_buffer_;
+};
+
+}  // namespace ft

@@ -1,0 +1,123 @@
+// The weight-format interface of the CPU MoE executor.
+//
+// A format owns how one layer's expert weights are stored and multiplied. The executor owns
+// everything else: routes, the two passes, the activation, threads and scratch. Adding a format is
+// one file kernels/<fmt>.cpp plus one line in kFormats (format.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common.h"
+
+namespace ft {
+
+struct Bank {
+  const void* data = nullptr;
+  size_t nbytes = 0;
+  std::string dtype;  // numpy dtype name of the caller's array; empty for a raw address
+};
+
+// Element types of banks. u8 is raw bytes (packed quantized blocks).
+enum class DType { bf16, f16, f32, u8, i32 };
+
+// A layer's banks and numeric options, by name. Formats take what they need in their constructor;
+// the executor then rejects anything left unused, so a misspelt name is an error, not ignored.
+class FormatArgs {
+ public:
+  FormatArgs(std::string context, std::map<std::string, Bank> banks, std::map<std::string, double> options)
+      : context_(std::move(context)), banks_(std::move(banks)), options_(std::move(options)) {}
+
+  // A bank of shape `dims` and element type `dtype`; a wrong byte size or numpy dtype raises with the
+  // bank's name and the expected shape.
+  const void* require_bank(const std::string& name, std::initializer_list<long long> dims, DType dtype);
+  // nullptr when absent; a present bank must still match.
+  const void* optional_bank(const std::string& name, std::initializer_list<long long> dims, DType dtype);
+  double require_option(const std::string& name, const std::string& meaning);
+  double option_or(const std::string& name, double fallback);
+  void check_all_used() const;
+  const std::string& context() const { return context_; }
+
+ private:
+  std::string context_;
+  std::map<std::string, Bank> banks_;
+  std::map<std::string, double> options_;
+  std::set<std::string> used_banks_, used_options_;
+};
+
+struct MoeParams {
+  int layer = 0;
+  int num_experts = 0;
+  int hidden = 0;
+  int intermediate = 0;
+  int top_k = 0;
+  Isa isa = Isa::scalar;
+  bool router_weight_on_input = false;
+};
+
+// The task's hidden states as the executor prepared them before pass 1.
+struct TaskInput {
+  int num_tokens = 0;
+  const uint16_t* x_bf16 = nullptr;  // [T, hidden] as given
+  const float* x_f32 = nullptr;      // [T, hidden] widened
+};
+
+// One routed expert of a token, as pass 2 sees it.
+struct RouteRef {
+  int expert;
+  float weight;          // router weight; 1 when it was applied on the input
+  const float* h;        // [intermediate] activated intermediate, fp32
+  const void* h_prepped; // the format's prep_inter output for this route, or nullptr
+};
+
+class MoeFormat {
+ public:
+  virtual ~MoeFormat() = default;
+
+  // Intermediate rows per pass-1 unit and output rows per pass-2 unit. Fixed per layer so that the
+  // arithmetic of every output element is independent of the number of threads.
+  virtual int pass1_rows() const { return 16; }
+  virtual int pass2_rows() const { return 16; }
+
+  // Once per task, on the calling thread, before pass 1.
+  virtual void prep_input(const TaskInput& /*in*/) {}
+
+  // Pass 1, for intermediate rows [i0, i1) of expert `e` and token `t`:
+  //   gate[i - i0] = in_scale * (W_gate[e, i] . x_t) + gate_bias[e, i]
+  //   up[i - i0]   = in_scale * (W_up[e, i]   . x_t) + up_bias[e, i]
+  // in_scale is the router weight when it is applied on the input, else 1.
+  virtual void gate_up(const TaskInput& in, int e, int t, int i0, int i1, float in_scale, float* gate,
+                       float* up) const = 0;
+
+  // Bytes of prepared intermediate per route (0: pass 2 reads the fp32 intermediate directly).
+  virtual size_t inter_prep_bytes() const { return 0; }
+  // Pass 1, after the activation: prepare rows [i0, i1) of one route's intermediate for pass 2.
+  virtual void prep_inter(const float* /*h*/, int /*i0*/, int /*i1*/, void* /*prepped*/) const {}
+
+  // Pass 2, for output rows [h0, h1) of one token over all of its routes, in the given order:
+  //   out[j - h0] = sum_r routes[r].weight * (W_down[e_r, j] . h_r + down_bias[e_r, j])
+  virtual void down(int h0, int h1, const RouteRef* routes, int n, float* out) const = 0;
+};
+
+using FormatFactory = std::unique_ptr<MoeFormat> (*)(const MoeParams&, FormatArgs&);
+
+struct FormatEntry {
+  const char* name;
+  FormatFactory make;
+};
+
+const std::vector<FormatEntry>& weight_formats();
+std::unique_ptr<MoeFormat> make_format(const std::string& name, const MoeParams& params, FormatArgs& args);
+
+// Factories, one per kernels/<fmt>.cpp.
+std::unique_ptr<MoeFormat> make_bf16_format(const MoeParams& params, FormatArgs& args);
+
+const char* dtype_name(DType dtype);
+size_t dtype_size(DType dtype);
+
+}  // namespace ft

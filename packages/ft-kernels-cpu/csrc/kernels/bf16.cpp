@@ -1,0 +1,233 @@
+// bf16 expert weights: its row-dot kernels for every ISA tier and the format class.
+//
+// Banks (E experts, H hidden, I intermediate):
+//   w13       [E, 2I, H] bf16   gate rows 0..I-1, then up rows I..2I-1
+//   w2        [E, H, I]  bf16
+//   w13_bias  [E, 2I]    f32    optional
+//   w2_bias   [E, H]     f32    optional
+#include <algorithm>
+
+#include "bf16_dot.h"
+#include "format.h"
+
+namespace ft {
+
+namespace {
+
+void dot_rows_scalar(const uint16_t* W, size_t ld, int nrows, const float* x, int K, float* out) {
+  for (int r = 0; r < nrows; ++r) {
+    const uint16_t* w = W + r * ld;
+    float acc = 0.f;
+    for (int k = 0; k < K; ++k) acc += bf16_to_f32(w[k]) * x[k];
+    out[r] = acc;
+  }
+}
+
+#if FT_X86
+
+FT_TARGET_AVX2 inline __m256 load8_bf16(const uint16_t* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+FT_TARGET_AVX2 inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// R rows at once: R independent weight streams keep enough loads in flight to saturate DRAM.
+template <int R>
+FT_TARGET_AVX2 void dot_group_avx2(const uint16_t* W, size_t ld, const float* x, int K, float* out) {
+  __m256 a0[R], a1[R];
+  for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
+  int k = 0;
+  for (; k + 16 <= K; k += 16) {
+    const __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
+    for (int r = 0; r < R; ++r) {
+      a0[r] = _mm256_fmadd_ps(load8_bf16(W + r * ld + k), x0, a0[r]);
+      a1[r] = _mm256_fmadd_ps(load8_bf16(W + r * ld + k + 8), x1, a1[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float s = hsum8(_mm256_add_ps(a0[r], a1[r]));
+    for (int kk = k; kk < K; ++kk) s += bf16_to_f32(W[r * ld + kk]) * x[kk];
+    out[r] = s;
+  }
+}
+
+FT_TARGET_AVX2 void dot_rows_avx2(const uint16_t* W, size_t ld, int nrows, const float* x, int K, float* out) {
+  int r = 0;
+  for (; r + 4 <= nrows; r += 4) dot_group_avx2<4>(W + r * ld, ld, x, K, out + r);
+  for (; r < nrows; ++r) dot_group_avx2<1>(W + r * ld, ld, x, K, out + r);
+}
+
+FT_TARGET_AVX512 inline __m512 widen16_bf16(__m256i raw) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+template <int R>
+FT_TARGET_AVX512 void dot_group_avx512(const uint16_t* W, size_t ld, const float* x, int K, float* out) {
+  __m512 a0[R], a1[R];
+  for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
+  int k = 0;
+  for (; k + 32 <= K; k += 32) {
+    const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
+    for (int r = 0; r < R; ++r) {
+      const uint16_t* w = W + r * ld + k;
+      a0[r] = _mm512_fmadd_ps(widen16_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w))), x0, a0[r]);
+      a1[r] = _mm512_fmadd_ps(widen16_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16))), x1,
+                              a1[r]);
+    }
+  }
+  for (; k < K; k += 16) {
+    const int n = std::min(16, K - k);
+    const __mmask16 m = static_cast<__mmask16>((1u << n) - 1u);
+    const __m512 xv = _mm512_maskz_loadu_ps(m, x + k);
+    for (int r = 0; r < R; ++r) {
+      const __m256i raw = _mm256_maskz_loadu_epi16(m, W + r * ld + k);
+      a0[r] = _mm512_fmadd_ps(widen16_bf16(raw), xv, a0[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
+}
+
+FT_TARGET_AVX512 void dot_rows_avx512(const uint16_t* W, size_t ld, int nrows, const float* x, int K, float* out) {
+  int r = 0;
+  for (; r + 4 <= nrows; r += 4) dot_group_avx512<4>(W + r * ld, ld, x, K, out + r);
+  for (; r < nrows; ++r) dot_group_avx512<1>(W + r * ld, ld, x, K, out + r);
+}
+
+// VDPBF16PS multiplies bf16 pairs and accumulates in fp32: no widening of the weights at all.
+template <int R>
+FT_TARGET_AVX512_BF16 void dot_group_bf16x(const uint16_t* W, size_t ld, const uint16_t* x, int K, float* out) {
+  __m512 a0[R], a1[R];
+  for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
+  int k = 0;
+  for (; k + 64 <= K; k += 64) {
+    const __m512bh x0 = (__m512bh)_mm512_loadu_si512(x + k);
+    const __m512bh x1 = (__m512bh)_mm512_loadu_si512(x + k + 32);
+    for (int r = 0; r < R; ++r) {
+      const uint16_t* w = W + r * ld + k;
+      a0[r] = _mm512_dpbf16_ps(a0[r], (__m512bh)_mm512_loadu_si512(w), x0);
+      a1[r] = _mm512_dpbf16_ps(a1[r], (__m512bh)_mm512_loadu_si512(w + 32), x1);
+    }
+  }
+  for (; k < K; k += 32) {
+    const int n = std::min(32, K - k);
+    const __mmask32 m = n == 32 ? 0xffffffffu : static_cast<__mmask32>((1u << n) - 1u);
+    const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, x + k);
+    for (int r = 0; r < R; ++r) {
+      a0[r] = _mm512_dpbf16_ps(a0[r], (__m512bh)_mm512_maskz_loadu_epi16(m, W + r * ld + k), xv);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
+}
+
+#endif  // FT_X86
+
+class Bf16Format final : public MoeFormat {
+ public:
+  Bf16Format(const MoeParams& p, FormatArgs& args) : p_(p) {
+    const long long E = p.num_experts, H = p.hidden, I = p.intermediate;
+    w13_ = static_cast<const uint16_t*>(args.require_bank("w13", {E, 2 * I, H}, DType::bf16));
+    w2_ = static_cast<const uint16_t*>(args.require_bank("w2", {E, H, I}, DType::bf16));
+    b13_ = static_cast<const float*>(args.optional_bank("w13_bias", {E, 2 * I}, DType::f32));
+    b2_ = static_cast<const float*>(args.optional_bank("w2_bias", {E, H}, DType::f32));
+  }
+
+  void gate_up(const TaskInput& in, int e, int t, int i0, int i1, float in_scale, float* gate,
+               float* up) const override {
+    const size_t H = p_.hidden, I = p_.intermediate;
+    const uint16_t* base = w13_ + static_cast<size_t>(e) * 2 * I * H;
+    const int n = i1 - i0;
+    if (use_bf16_dot()) {
+      bf16_dot_rows_bf16(base + i0 * H, H, n, in.x_bf16 + t * H, H, gate);
+      bf16_dot_rows_bf16(base + (I + i0) * H, H, n, in.x_bf16 + t * H, H, up);
+    } else {
+      bf16_dot_rows_f32(p_.isa, base + i0 * H, H, n, in.x_f32 + t * H, H, gate);
+      bf16_dot_rows_f32(p_.isa, base + (I + i0) * H, H, n, in.x_f32 + t * H, H, up);
+    }
+    const float* bg = b13_ ? b13_ + static_cast<size_t>(e) * 2 * I + i0 : nullptr;
+    for (int i = 0; i < n; ++i) {
+      gate[i] = in_scale * gate[i] + (bg ? bg[i] : 0.f);
+      up[i] = in_scale * up[i] + (bg ? bg[I + i] : 0.f);
+    }
+  }
+
+  size_t inter_prep_bytes() const override { return use_bf16_dot() ? p_.intermediate * sizeof(uint16_t) : 0; }
+
+  void prep_inter(const float* h, int i0, int i1, void* prepped) const override {
+    uint16_t* hb = static_cast<uint16_t*>(prepped);
+    for (int i = i0; i < i1; ++i) hb[i] = f32_to_bf16(h[i]);
+  }
+
+  void down(int h0, int h1, const RouteRef* routes, int n, float* out) const override {
+    const size_t H = p_.hidden, I = p_.intermediate;
+    const int rows = h1 - h0;
+    float tmp[kMaxPass2Rows];
+    std::fill(out, out + rows, 0.f);
+    for (int r = 0; r < n; ++r) {
+      const RouteRef& rt = routes[r];
+      const uint16_t* w = w2_ + static_cast<size_t>(rt.expert) * H * I + static_cast<size_t>(h0) * I;
+      if (use_bf16_dot()) {
+        bf16_dot_rows_bf16(w, I, rows, static_cast<const uint16_t*>(rt.h_prepped), I, tmp);
+      } else {
+        bf16_dot_rows_f32(p_.isa, w, I, rows, rt.h, I, tmp);
+      }
+      const float* b = b2_ ? b2_ + static_cast<size_t>(rt.expert) * H + h0 : nullptr;
+      for (int j = 0; j < rows; ++j) out[j] += rt.weight * (tmp[j] + (b ? b[j] : 0.f));
+    }
+  }
+
+  int pass2_rows() const override { return kMaxPass2Rows; }
+
+ private:
+  static constexpr int kMaxPass2Rows = 16;
+  bool use_bf16_dot() const { return p_.isa == Isa::avx512_bf16; }
+
+  MoeParams p_;
+  const uint16_t* w13_;
+  const uint16_t* w2_;
+  const float* b13_;
+  const float* b2_;
+};
+
+}  // namespace
+
+void bf16_dot_rows_f32(Isa isa, const uint16_t* W, size_t ld, int nrows, const float* x, int K, float* out) {
+#if FT_X86
+  switch (isa) {
+    case Isa::avx512_bf16:
+    case Isa::avx512:
+      dot_rows_avx512(W, ld, nrows, x, K, out);
+      return;
+    case Isa::avx2:
+      dot_rows_avx2(W, ld, nrows, x, K, out);
+      return;
+    case Isa::scalar:
+      break;
+  }
+#else
+  (void)isa;
+#endif
+  dot_rows_scalar(W, ld, nrows, x, K, out);
+}
+
+void bf16_dot_rows_bf16(const uint16_t* W, size_t ld, int nrows, const uint16_t* x, int K, float* out) {
+#if FT_X86
+  int r = 0;
+  for (; r + 4 <= nrows; r += 4) dot_group_bf16x<4>(W + r * ld, ld, x, K, out + r);
+  for (; r < nrows; ++r) dot_group_bf16x<1>(W + r * ld, ld, x, K, out + r);
+#else
+  (void)W, (void)ld, (void)nrows, (void)x, (void)K, (void)out;
+  throw Error("bf16_dot_rows_bf16 needs x86 AVX512-BF16");
+#endif
+}
+
+std::unique_ptr<MoeFormat> make_bf16_format(const MoeParams& params, FormatArgs& args) {
+  return std::make_unique<Bf16Format>(params, args);
+}
+
+}  // namespace ft

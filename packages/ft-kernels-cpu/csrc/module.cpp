@@ -1,0 +1,143 @@
+// Python bindings. Array checks live in the Python wrapper (ft_kernels_cpu/_executor.py); this
+// layer takes raw addresses and byte sizes so that zero-copy callers can skip numpy entirely.
+#include <Python.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstdint>
+
+#include "executor.h"
+#include "worker_pool.h"
+
+namespace py = pybind11;
+using ft::MoeExecutor;
+
+namespace {
+
+ft_moe_task make_task(int layer, int num_tokens, uintptr_t x, uintptr_t ids, uintptr_t w, uintptr_t y) {
+  ft_moe_task t;
+  t.layer = layer;
+  t.num_tokens = num_tokens;
+  t.x = reinterpret_cast<const void*>(x);
+  t.ids = reinterpret_cast<const int32_t*>(ids);
+  t.weights = reinterpret_cast<const float*>(w);
+  t.y = reinterpret_cast<void*>(y);
+  return t;
+}
+
+void release_capsule_owner(PyObject* capsule) {
+  Py_XDECREF(static_cast<PyObject*>(PyCapsule_GetContext(capsule)));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_ft_kernels_cpu, m) {
+  m.doc() = "ft-kernels-cpu native module (use the ft_kernels_cpu package, not this module)";
+  py::register_exception<ft::Error>(m, "KernelError", PyExc_ValueError);
+
+  m.attr("ABI_VERSION") = FT_MOE_ABI_VERSION;
+  m.attr("CAPSULE_NAME") = FT_MOE_EXECUTOR_CAPSULE;
+
+  m.def("weight_formats", [] {
+    std::vector<std::string> names;
+    for (const auto& f : ft::weight_formats()) names.emplace_back(f.name);
+    return names;
+  });
+  m.def("isa_tiers", [] {
+    std::vector<std::string> names;
+    for (int i = 0; i <= static_cast<int>(ft::cpu_best_isa()); ++i) names.emplace_back(ft::isa_name(static_cast<ft::Isa>(i)));
+    return names;
+  });
+  m.def("resolve_isa", [](const std::string& requested) { return std::string(ft::isa_name(ft::resolve_isa(requested))); },
+        py::arg("requested") = "");
+  m.def("physical_cores", [] { return static_cast<int>(ft::physical_core_cpus().size()); });
+
+  py::class_<MoeExecutor>(m, "_Executor")
+      .def(py::init<int, int, int, int, const std::string&>(), py::arg("hidden"), py::arg("top_k"),
+           py::arg("max_tokens"), py::arg("num_threads"), py::arg("isa"))
+      .def(
+          "add_layer",
+          [](MoeExecutor& ex, int layer, const std::string& fmt, int num_experts, int intermediate,
+             const std::string& activation, const std::map<std::string, std::tuple<uintptr_t, size_t, std::string>>& banks,
+             const std::map<std::string, double>& options, bool router_weight_on_input) {
+            std::map<std::string, ft::Bank> b;
+            for (const auto& kv : banks) {
+              b[kv.first] = ft::Bank{reinterpret_cast<const void*>(std::get<0>(kv.second)), std::get<1>(kv.second),
+                                     std::get<2>(kv.second)};
+            }
+            ex.add_layer(layer, fmt, num_experts, intermediate, activation, std::move(b), options, router_weight_on_input);
+          },
+          py::arg("layer"), py::arg("weight_format"), py::arg("num_experts"), py::arg("intermediate"),
+          py::arg("activation"), py::arg("banks"), py::arg("options"), py::arg("router_weight_on_input"))
+      .def(
+          "run",
+          [](MoeExecutor& ex, int layer, int num_tokens, uintptr_t x, uintptr_t ids, uintptr_t w, uintptr_t y) {
+            const ft_moe_task task = make_task(layer, num_tokens, x, ids, w, y);
+            py::gil_scoped_release nogil;
+            ex.run(task);
+          },
+          py::arg("layer"), py::arg("num_tokens"), py::arg("x"), py::arg("ids"), py::arg("weights"), py::arg("y"))
+      .def(
+          "time_runs",
+          [](MoeExecutor& ex, int layer, int num_tokens, uintptr_t x, uintptr_t ids_seq, uintptr_t w_seq, int count,
+             uintptr_t y) {
+            // `count` tasks back to back; task i reads ids/weights block i of [count, num_tokens, top_k].
+            const size_t stride = static_cast<size_t>(num_tokens) * ex.top_k();
+            py::gil_scoped_release nogil;
+            const auto t0 = std::chrono::steady_clock::now();
+            for (int i = 0; i < count; ++i) {
+              ex.run(make_task(layer, num_tokens, x, ids_seq + i * stride * sizeof(int32_t),
+                               w_seq + i * stride * sizeof(float), y));
+            }
+            return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          },
+          py::arg("layer"), py::arg("num_tokens"), py::arg("x"), py::arg("ids_seq"), py::arg("weights_seq"),
+          py::arg("count"), py::arg("y"))
+      .def(
+          "read_bandwidth_gbs",
+          [](MoeExecutor& ex, size_t bytes, int passes) {
+            py::gil_scoped_release nogil;
+            return ex.read_bandwidth_gbs(bytes, passes);
+          },
+          py::arg("bytes"), py::arg("passes"))
+      .def("capsule",
+           [](py::object self) {
+             MoeExecutor& ex = self.cast<MoeExecutor&>();
+             PyObject* cap = PyCapsule_New(const_cast<ft_moe_executor_abi*>(ex.abi()), FT_MOE_EXECUTOR_CAPSULE,
+                                           &release_capsule_owner);
+             if (!cap) throw py::error_already_set();
+             Py_INCREF(self.ptr());  // the capsule keeps the executor alive
+             if (PyCapsule_SetContext(cap, self.ptr()) != 0) {
+               Py_DECREF(self.ptr());
+               Py_DECREF(cap);
+               throw py::error_already_set();
+             }
+             return py::reinterpret_steal<py::object>(cap);
+           })
+      .def("layer_format", &MoeExecutor::layer_format)
+      .def_property_readonly("layers", &MoeExecutor::layers)
+      .def_property_readonly("hidden", &MoeExecutor::hidden)
+      .def_property_readonly("top_k", &MoeExecutor::top_k)
+      .def_property_readonly("max_tokens", &MoeExecutor::max_tokens)
+      .def_property_readonly("num_threads", &MoeExecutor::num_threads)
+      .def_property_readonly("isa", [](const MoeExecutor& ex) { return std::string(ft::isa_name(ex.isa())); });
+
+  // Calls an executor the way other native code does: through its capsule and the C ABI only.
+  m.def(
+      "_run_through_capsule",
+      [](py::capsule cap, int layer, int num_tokens, uintptr_t x, uintptr_t ids, uintptr_t w, uintptr_t y) {
+        auto* abi = static_cast<const ft_moe_executor_abi*>(PyCapsule_GetPointer(cap.ptr(), FT_MOE_EXECUTOR_CAPSULE));
+        if (!abi) throw py::error_already_set();
+        if (abi->abi_version != FT_MOE_ABI_VERSION) throw ft::Error("capsule ABI version mismatch");
+        const ft_moe_task task = make_task(layer, num_tokens, x, ids, w, y);
+        int rc;
+        {
+          py::gil_scoped_release nogil;
+          rc = abi->run(abi->self, &task);
+        }
+        if (rc != 0) throw ft::Error(std::string("run through the C ABI failed: ") + abi->last_error(abi->self));
+      },
+      py::arg("capsule"), py::arg("layer"), py::arg("num_tokens"), py::arg("x"), py::arg("ids"), py::arg("weights"),
+      py::arg("y"));
+}

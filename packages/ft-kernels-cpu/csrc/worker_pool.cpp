@@ -1,0 +1,152 @@
+#include "worker_pool.h"
+
+#include <pthread.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "common.h"
+
+namespace ft {
+
+namespace {
+
+inline void cpu_relax() {
+#if FT_X86
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// How long an idle worker spins before it sleeps. Decode submits a layer every few tens of
+// microseconds, so a short spin keeps the pool hot within a step without burning a core between
+// requests.
+constexpr auto kSpin = std::chrono::microseconds(200);
+
+bool read_int_file(const std::string& path, int* out) {
+  std::ifstream f(path);
+  return static_cast<bool>(f >> *out);
+}
+
+}  // namespace
+
+std::vector<int> physical_core_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return cpus;
+  std::set<std::pair<int, int>> seen;  // (package, core) pairs already taken
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &set)) continue;
+    const std::string base = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
+    int core = cpu, pkg = 0;
+    if (!read_int_file(base + "core_id", &core) || !read_int_file(base + "physical_package_id", &pkg)) {
+      core = cpu;  // no topology exposed: count every logical CPU as a core
+      pkg = 0;
+    }
+    if (seen.insert({pkg, core}).second) cpus.push_back(cpu);
+  }
+  return cpus;
+}
+
+WorkerPool::WorkerPool(int num_threads) : num_threads_(num_threads) {
+  if (num_threads < 1) throw Error("num_threads must be >= 1, got " + std::to_string(num_threads));
+  std::vector<int> cpus = physical_core_cpus();
+  threads_.reserve(num_threads - 1);
+  for (int w = 1; w < num_threads; ++w) {
+    const int cpu = cpus.empty() ? -1 : cpus[w % cpus.size()];
+    threads_.emplace_back(&WorkerPool::worker_main, this, w, cpu);
+  }
+}
+
+WorkerPool::~WorkerPool() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_.store(true, std::memory_order_seq_cst);
+    gen_.fetch_add(1, std::memory_order_seq_cst);
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+void WorkerPool::run(uint32_t n1, uint32_t n2, PoolJob* job) {
+  if (n1 + n2 == 0) return;
+  const uint32_t gen = gen_.load(std::memory_order_relaxed) + 1;
+  job_.store(job, std::memory_order_relaxed);
+  n1_.store(n1, std::memory_order_relaxed);
+  n2_.store(n2, std::memory_order_relaxed);
+  done1_.store(0, std::memory_order_relaxed);
+  done2_.store(0, std::memory_order_relaxed);
+  next_.store(static_cast<uint64_t>(gen) << 32, std::memory_order_release);
+  gen_.store(gen, std::memory_order_seq_cst);
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cv_.notify_all();
+  }
+  work(gen, 0);
+  while (done2_.load(std::memory_order_acquire) < n2 || done1_.load(std::memory_order_acquire) < n1) {
+    cpu_relax();
+  }
+}
+
+void WorkerPool::work(uint32_t gen, int worker) {
+  uint64_t cur = next_.load(std::memory_order_acquire);
+  for (;;) {
+    if (static_cast<uint32_t>(cur >> 32) != gen) return;
+    const uint32_t unit = static_cast<uint32_t>(cur);
+    const uint32_t n1 = n1_.load(std::memory_order_relaxed);
+    const uint32_t total = n1 + n2_.load(std::memory_order_relaxed);
+    if (unit >= total) return;
+    if (!next_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
+      continue;  // `cur` was reloaded
+    }
+    // The claim succeeded, so job `gen` is still running and its fields are stable.
+    PoolJob* job = job_.load(std::memory_order_relaxed);
+    if (unit < n1) {
+      job->run_unit(unit, worker);
+      done1_.fetch_add(1, std::memory_order_acq_rel);
+    } else {
+      while (done1_.load(std::memory_order_acquire) < n1) cpu_relax();
+      job->run_unit(unit, worker);
+      done2_.fetch_add(1, std::memory_order_acq_rel);
+    }
+    cur = next_.load(std::memory_order_acquire);
+  }
+}
+
+void WorkerPool::worker_main(int worker, int cpu) {
+  if (cpu >= 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    pthread_setaffinity_np(pthread_self(), sizeof set, &set);  // best effort: a refusal only costs locality
+  }
+  uint32_t seen = gen_.load(std::memory_order_acquire);
+  for (;;) {
+    auto spin_start = std::chrono::steady_clock::now();
+    uint32_t g;
+    int polls = 0;
+    while ((g = gen_.load(std::memory_order_acquire)) == seen) {
+      cpu_relax();
+      if (++polls % 256 == 0 && std::chrono::steady_clock::now() - spin_start > kSpin) break;
+    }
+    if (g == seen) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      sleepers_.fetch_add(1, std::memory_order_seq_cst);
+      cv_.wait(lock, [&] { return gen_.load(std::memory_order_seq_cst) != seen || stop_.load(); });
+      sleepers_.fetch_sub(1, std::memory_order_relaxed);
+      g = gen_.load(std::memory_order_acquire);
+    }
+    if (stop_.load(std::memory_order_acquire)) return;
+    seen = g;
+    work(g, worker);
+  }
+}
+
+}  // namespace ft

@@ -1,0 +1,60 @@
+// A fixed pool of worker threads, one pinned per physical core, that runs a two-phase job:
+// units [0, n1) (pass 1), a barrier, then units [n1, n1 + n2) (pass 2).
+//
+// The calling thread is worker 0 and takes units like the others, so a pool of N threads starts
+// N - 1 background threads. Idle workers spin briefly on the job generation, then sleep.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace ft {
+
+class PoolJob {
+ public:
+  virtual ~PoolJob() = default;
+  // Runs one unit; `worker` is in [0, num_threads) and selects per-worker scratch.
+  virtual void run_unit(uint32_t unit, int worker) = 0;
+};
+
+// Logical CPUs this process may run on, one per physical core, in ascending order.
+std::vector<int> physical_core_cpus();
+
+class WorkerPool {
+ public:
+  explicit WorkerPool(int num_threads);
+  ~WorkerPool();
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  int num_threads() const { return num_threads_; }
+  // Blocking. Not reentrant: callers serialise (the executor holds a mutex).
+  void run(uint32_t n1, uint32_t n2, PoolJob* job);
+
+ private:
+  void worker_main(int worker, int cpu);
+  void work(uint32_t gen, int worker);
+
+  int num_threads_;
+  std::vector<std::thread> threads_;
+
+  // Claim word: generation in the high 32 bits, next unit in the low 32 bits. A claim is a CAS that
+  // only succeeds for the current generation, so a late worker can never take a unit of a newer job.
+  alignas(64) std::atomic<uint64_t> next_{0};
+  alignas(64) std::atomic<uint32_t> done1_{0};
+  alignas(64) std::atomic<uint32_t> done2_{0};
+  alignas(64) std::atomic<uint32_t> gen_{0};
+  std::atomic<uint32_t> n1_{0}, n2_{0};
+  std::atomic<PoolJob*> job_{nullptr};
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::atomic<int> sleepers_{0};
+  std::atomic<bool> stop_{false};
+};
+
+}  // namespace ft

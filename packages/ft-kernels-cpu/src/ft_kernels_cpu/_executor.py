@@ -1,0 +1,238 @@
+"""MoeExecutor: numpy front end of the native CPU MoE executor.
+
+Checks every argument before it reaches native code, keeps the weight banks alive, and passes raw
+addresses down. Callers that already hold raw memory use ``run_ptr`` and ``(address, nbytes)`` banks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ft_kernels_cpu._native import native
+
+ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "swigluoai", "swiglu_clamp")
+MAX_TOP_K = 64
+
+BankLike = Any  # np.ndarray, or (address, nbytes) for zero-copy callers
+
+
+def _is_bf16(dtype: np.dtype) -> bool:
+    return dtype.name in ("bfloat16", "uint16") and dtype.itemsize == 2
+
+
+def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    v = int(value)
+    if v < lo or (hi is not None and v > hi):
+        bound = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise ValueError(f"{name} must be {bound}, got {v}")
+    return v
+
+
+def _check_array(name: str, a: object, shape: tuple[int, ...], kind: str, writeable: bool = False) -> np.ndarray:
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}")
+    ok = {"bf16": _is_bf16(a.dtype), "int32": a.dtype == np.int32, "float32": a.dtype == np.float32}[kind]
+    if not ok:
+        want = "bfloat16 (ml_dtypes) or uint16 bf16 bits" if kind == "bf16" else kind
+        raise TypeError(f"{name} must have dtype {want}, got {a.dtype}")
+    if a.shape != shape:
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(a.shape)}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous (use np.ascontiguousarray)")
+    if writeable and not a.flags.writeable:
+        raise ValueError(f"{name} must be writeable")
+    return a
+
+
+class MoeExecutor:
+    """CPU executor for the routed experts of one or more MoE layers.
+
+    Args:
+        hidden: model hidden size (rows of x and y).
+        top_k: routes per token (at most 64).
+        max_tokens: largest batch a single run takes.
+        num_threads: worker threads including the calling thread; None picks the physical cores
+            available minus one, leaving a core to the thread that drives the GPU.
+        isa: ISA tier ("scalar", "avx2", "avx512", "avx512_bf16"); None uses ``$FT_CPU_MOE_ISA`` or
+            the best tier of the CPU. A tier the CPU lacks raises.
+
+    Threading: ``run`` releases the GIL and blocks; concurrent runs on one executor are serialised.
+    """
+
+    def __init__(
+        self,
+        hidden: int,
+        top_k: int,
+        max_tokens: int,
+        num_threads: int | None = None,
+        isa: str | None = None,
+    ) -> None:
+        hidden = _check_int("hidden", hidden, 1)
+        top_k = _check_int("top_k", top_k, 1, MAX_TOP_K)
+        max_tokens = _check_int("max_tokens", max_tokens, 1)
+        threads = 0 if num_threads is None else _check_int("num_threads", num_threads, 1, 1024)
+        if isa is not None and not isinstance(isa, str):
+            raise TypeError(f"isa must be a str or None, got {type(isa).__name__}")
+        self._native = native._Executor(hidden, top_k, max_tokens, threads, isa or "")
+        self._banks: dict[int, list[object]] = {}
+        self._experts: dict[int, int] = {}
+
+    hidden = property(lambda self: self._native.hidden)
+    top_k = property(lambda self: self._native.top_k)
+    max_tokens = property(lambda self: self._native.max_tokens)
+    num_threads = property(lambda self: self._native.num_threads, doc="worker threads, the caller included")
+    isa = property(lambda self: self._native.isa, doc="ISA tier the kernels run")
+
+    @property
+    def layers(self) -> list[int]:
+        return list(self._native.layers)
+
+    def layer_format(self, layer: int) -> str:
+        return self._native.layer_format(layer)
+
+    def add_layer(
+        self,
+        layer: int,
+        weight_format: str,
+        *,
+        num_experts: int,
+        intermediate: int,
+        banks: Mapping[str, BankLike],
+        activation: str = "silu",
+        options: Mapping[str, float] | None = None,
+        router_weight_on_input: bool = False,
+    ) -> None:
+        """Registers one MoE layer's experts.
+
+        Args:
+            layer: layer id used by ``run``; any int >= 0, each added once.
+            weight_format: one of ``ft_kernels_cpu.weight_formats()``.
+            banks: the format's weight arrays by name (C-contiguous numpy arrays, kept alive by the
+                executor) or ``(address, nbytes)`` pairs the caller keeps alive. See the package README
+                for each format's banks.
+            activation: silu, gelu, gelu_tanh, swigluoai (options alpha=1.702, limit=7.0), or
+                swiglu_clamp (option limit, required).
+            options: numeric options of the format and activation; an unused option raises.
+            router_weight_on_input: scale each route's input by its router weight instead of its output.
+        """
+        layer = _check_int("layer", layer, 0)
+        num_experts = _check_int("num_experts", num_experts, 1)
+        intermediate = _check_int("intermediate", intermediate, 1)
+        if not isinstance(weight_format, str):
+            raise TypeError(f"weight_format must be a str, got {type(weight_format).__name__}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation={activation!r} is unknown; expected one of {', '.join(ACTIVATIONS)}")
+        if not isinstance(banks, Mapping):
+            raise TypeError(f"banks must be a mapping of name -> array, got {type(banks).__name__}")
+        opts: dict[str, float] = {}
+        for name, value in (options or {}).items():
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise TypeError(f"options[{name!r}] must be a number, got {type(value).__name__}")
+            opts[str(name)] = float(value)
+
+        native_banks: dict[str, tuple[int, int, str]] = {}
+        keep: list[object] = []
+        for name, bank in banks.items():
+            if isinstance(bank, np.ndarray):
+                if not bank.flags.c_contiguous:
+                    raise ValueError(f"banks[{name!r}] must be C-contiguous (use np.ascontiguousarray)")
+                native_banks[name] = (bank.ctypes.data, bank.nbytes, bank.dtype.name)
+                keep.append(bank)
+            elif (
+                isinstance(bank, tuple)
+                and len(bank) == 2
+                and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in bank)
+            ):
+                native_banks[name] = (int(bank[0]), int(bank[1]), "")
+            else:
+                raise TypeError(
+                    f"banks[{name!r}] must be a numpy array or an (address, nbytes) tuple, got {type(bank).__name__}"
+                )
+        self._native.add_layer(
+            layer, weight_format, num_experts, intermediate, activation, native_banks, opts, bool(router_weight_on_input)
+        )
+        self._banks[layer] = keep
+        self._experts[layer] = num_experts
+
+    def _check_task(self, layer: int, x: object, ids: object, weights: object) -> int:
+        if layer not in self._experts:
+            raise ValueError(f"layer={layer} has not been added (layers: {self.layers})")
+        if not isinstance(x, np.ndarray) or x.ndim != 2:
+            raise ValueError(f"x must be a 2-D numpy array [num_tokens, {self.hidden}]")
+        T = x.shape[0]
+        if T > self.max_tokens:
+            raise ValueError(f"x has {T} tokens; this executor takes at most max_tokens={self.max_tokens}")
+        _check_array("x", x, (T, self.hidden), "bf16")
+        _check_array("ids", ids, (T, self.top_k), "int32")
+        _check_array("weights", weights, (T, self.top_k), "float32")
+        return T
+
+    def run(
+        self,
+        layer: int,
+        x: np.ndarray,
+        ids: np.ndarray,
+        weights: np.ndarray,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Routed-expert output of one layer for a batch.
+
+        Args:
+            x: [T, hidden] bf16 hidden states (ml_dtypes.bfloat16 or uint16 bits).
+            ids: [T, top_k] int32 expert ids; a negative id skips that route.
+            weights: [T, top_k] float32 router weights.
+            out: optional [T, hidden] array of x's dtype to write into.
+
+        Returns:
+            y [T, hidden], same dtype as x: sum over routes of weight * expert(x).
+
+        Raises:
+            TypeError/ValueError on a bad argument; KernelError (a ValueError) for ids out of range.
+        """
+        T = self._check_task(layer, x, ids, weights)
+        if out is None:
+            out = np.empty((T, self.hidden), dtype=x.dtype)
+        else:
+            _check_array("out", out, (T, self.hidden), "bf16", writeable=True)
+        self._native.run(layer, T, x.ctypes.data, ids.ctypes.data, weights.ctypes.data, out.ctypes.data)
+        return out
+
+    def run_ptr(self, layer: int, num_tokens: int, x: int, ids: int, weights: int, y: int) -> None:
+        """``run`` on raw addresses (layouts as in ``run``); only the task's range is checked."""
+        self._native.run(layer, num_tokens, x, ids, weights, y)
+
+    def time_runs(self, layer: int, x: np.ndarray, ids_seq: np.ndarray, weights_seq: np.ndarray) -> float:
+        """Seconds for ``len(ids_seq)`` back-to-back runs, run i routing by ids_seq[i] (benchmarks)."""
+        if not isinstance(ids_seq, np.ndarray) or ids_seq.ndim != 3:
+            raise ValueError("ids_seq must be a 3-D array [count, num_tokens, top_k]")
+        count = ids_seq.shape[0]
+        T = self._check_task(layer, x, ids_seq[0], weights_seq[0] if isinstance(weights_seq, np.ndarray) else None)
+        _check_array("ids_seq", ids_seq, (count, T, self.top_k), "int32")
+        _check_array("weights_seq", weights_seq, (count, T, self.top_k), "float32")
+        if np.any(ids_seq >= self._experts[layer]):
+            raise ValueError(f"ids_seq has ids >= num_experts={self._experts[layer]}")
+        out = np.empty((T, self.hidden), dtype=x.dtype)
+        return self._native.time_runs(
+            layer, T, x.ctypes.data, ids_seq.ctypes.data, weights_seq.ctypes.data, count, out.ctypes.data
+        )
+
+    def read_bandwidth_gbs(self, nbytes: int = 512 << 20, passes: int = 2) -> float:
+        """Read bandwidth of this executor's threads streaming ``nbytes`` (kept between calls), GB/s."""
+        nbytes = _check_int("nbytes", nbytes, 1 << 20)
+        passes = _check_int("passes", passes, 1)
+        return self._native.read_bandwidth_gbs(nbytes, passes)
+
+    def capsule(self) -> object:
+        """PyCapsule ``ft_kernels_cpu.moe_executor_abi`` holding the C ABI (see ``get_include()``)."""
+        return self._native.capsule()
+
+    def __repr__(self) -> str:
+        return (
+            f"MoeExecutor(hidden={self.hidden}, top_k={self.top_k}, max_tokens={self.max_tokens}, "
+            f"num_threads={self.num_threads}, isa={self.isa!r}, layers={self.layers})"
+        )
