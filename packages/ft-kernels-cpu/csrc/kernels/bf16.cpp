@@ -37,92 +37,70 @@ FT_TARGET_AVX2 inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// R rows at once: R independent weight streams keep enough loads in flight to saturate DRAM.
-template <int R>
-FT_TARGET_AVX2 void dot_group_avx2(const uint16_t* W, size_t ld, const float* x, int K, float* out) {
-  __m256 a0[R], a1[R];
-  for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
+// One row at a time: the weights stream through memory strictly in address order, which is what the
+// hardware prefetchers follow best (interleaving 4 rows ran at half the DRAM bandwidth on Zen 5).
+// Independent accumulators hide the FMA latency.
+FT_TARGET_AVX2 float dot_row_avx2(const uint16_t* w, const float* x, int K) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   int k = 0;
-  for (; k + 16 <= K; k += 16) {
-    const __m256 x0 = _mm256_loadu_ps(x + k), x1 = _mm256_loadu_ps(x + k + 8);
-    for (int r = 0; r < R; ++r) {
-      a0[r] = _mm256_fmadd_ps(load8_bf16(W + r * ld + k), x0, a0[r]);
-      a1[r] = _mm256_fmadd_ps(load8_bf16(W + r * ld + k + 8), x1, a1[r]);
-    }
+  for (; k + 32 <= K; k += 32) {
+    a0 = _mm256_fmadd_ps(load8_bf16(w + k), _mm256_loadu_ps(x + k), a0);
+    a1 = _mm256_fmadd_ps(load8_bf16(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
+    a2 = _mm256_fmadd_ps(load8_bf16(w + k + 16), _mm256_loadu_ps(x + k + 16), a2);
+    a3 = _mm256_fmadd_ps(load8_bf16(w + k + 24), _mm256_loadu_ps(x + k + 24), a3);
   }
-  for (int r = 0; r < R; ++r) {
-    float s = hsum8(_mm256_add_ps(a0[r], a1[r]));
-    for (int kk = k; kk < K; ++kk) s += bf16_to_f32(W[r * ld + kk]) * x[kk];
-    out[r] = s;
-  }
+  for (; k + 8 <= K; k += 8) a0 = _mm256_fmadd_ps(load8_bf16(w + k), _mm256_loadu_ps(x + k), a0);
+  float s = hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  for (; k < K; ++k) s += bf16_to_f32(w[k]) * x[k];
+  return s;
 }
 
 FT_TARGET_AVX2 void dot_rows_avx2(const uint16_t* W, size_t ld, int nrows, const float* x, int K, float* out) {
-  int r = 0;
-  for (; r + 4 <= nrows; r += 4) dot_group_avx2<4>(W + r * ld, ld, x, K, out + r);
-  for (; r < nrows; ++r) dot_group_avx2<1>(W + r * ld, ld, x, K, out + r);
+  for (int r = 0; r < nrows; ++r) out[r] = dot_row_avx2(W + r * ld, x, K);
 }
 
-FT_TARGET_AVX512 inline __m512 widen16_bf16(__m256i raw) {
+FT_TARGET_AVX512 inline __m512 load16_bf16(const uint16_t* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
-template <int R>
-FT_TARGET_AVX512 void dot_group_avx512(const uint16_t* W, size_t ld, const float* x, int K, float* out) {
-  __m512 a0[R], a1[R];
-  for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
+FT_TARGET_AVX512 float dot_row_avx512(const uint16_t* w, const float* x, int K) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   int k = 0;
-  for (; k + 32 <= K; k += 32) {
-    const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
-    for (int r = 0; r < R; ++r) {
-      const uint16_t* w = W + r * ld + k;
-      a0[r] = _mm512_fmadd_ps(widen16_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w))), x0, a0[r]);
-      a1[r] = _mm512_fmadd_ps(widen16_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16))), x1,
-                              a1[r]);
-    }
+  for (; k + 64 <= K; k += 64) {
+    a0 = _mm512_fmadd_ps(load16_bf16(w + k), _mm512_loadu_ps(x + k), a0);
+    a1 = _mm512_fmadd_ps(load16_bf16(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
+    a2 = _mm512_fmadd_ps(load16_bf16(w + k + 32), _mm512_loadu_ps(x + k + 32), a2);
+    a3 = _mm512_fmadd_ps(load16_bf16(w + k + 48), _mm512_loadu_ps(x + k + 48), a3);
   }
   for (; k < K; k += 16) {
     const int n = std::min(16, K - k);
     const __mmask16 m = static_cast<__mmask16>((1u << n) - 1u);
-    const __m512 xv = _mm512_maskz_loadu_ps(m, x + k);
-    for (int r = 0; r < R; ++r) {
-      const __m256i raw = _mm256_maskz_loadu_epi16(m, W + r * ld + k);
-      a0[r] = _mm512_fmadd_ps(widen16_bf16(raw), xv, a0[r]);
-    }
+    const __m256i raw = _mm256_maskz_loadu_epi16(m, w + k);
+    const __m512 wv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+    a0 = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x + k), a0);
   }
-  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 }
 
 FT_TARGET_AVX512 void dot_rows_avx512(const uint16_t* W, size_t ld, int nrows, const float* x, int K, float* out) {
-  int r = 0;
-  for (; r + 4 <= nrows; r += 4) dot_group_avx512<4>(W + r * ld, ld, x, K, out + r);
-  for (; r < nrows; ++r) dot_group_avx512<1>(W + r * ld, ld, x, K, out + r);
+  for (int r = 0; r < nrows; ++r) out[r] = dot_row_avx512(W + r * ld, x, K);
 }
 
 // VDPBF16PS multiplies bf16 pairs and accumulates in fp32: no widening of the weights at all.
-template <int R>
-FT_TARGET_AVX512_BF16 void dot_group_bf16x(const uint16_t* W, size_t ld, const uint16_t* x, int K, float* out) {
-  __m512 a0[R], a1[R];
-  for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm512_setzero_ps();
+FT_TARGET_AVX512_BF16 float dot_row_bf16x(const uint16_t* w, const uint16_t* x, int K) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0;
   int k = 0;
   for (; k + 64 <= K; k += 64) {
-    const __m512bh x0 = (__m512bh)_mm512_loadu_si512(x + k);
-    const __m512bh x1 = (__m512bh)_mm512_loadu_si512(x + k + 32);
-    for (int r = 0; r < R; ++r) {
-      const uint16_t* w = W + r * ld + k;
-      a0[r] = _mm512_dpbf16_ps(a0[r], (__m512bh)_mm512_loadu_si512(w), x0);
-      a1[r] = _mm512_dpbf16_ps(a1[r], (__m512bh)_mm512_loadu_si512(w + 32), x1);
-    }
+    a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w + k), (__m512bh)_mm512_loadu_si512(x + k));
+    a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w + k + 32), (__m512bh)_mm512_loadu_si512(x + k + 32));
   }
   for (; k < K; k += 32) {
     const int n = std::min(32, K - k);
     const __mmask32 m = n == 32 ? 0xffffffffu : static_cast<__mmask32>((1u << n) - 1u);
-    const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, x + k);
-    for (int r = 0; r < R; ++r) {
-      a0[r] = _mm512_dpbf16_ps(a0[r], (__m512bh)_mm512_maskz_loadu_epi16(m, W + r * ld + k), xv);
-    }
+    a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_maskz_loadu_epi16(m, w + k), (__m512bh)_mm512_maskz_loadu_epi16(m, x + k));
   }
-  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
+  return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
 }
 
 #endif  // FT_X86
@@ -217,9 +195,7 @@ void bf16_dot_rows_f32(Isa isa, const uint16_t* W, size_t ld, int nrows, const f
 
 void bf16_dot_rows_bf16(const uint16_t* W, size_t ld, int nrows, const uint16_t* x, int K, float* out) {
 #if FT_X86
-  int r = 0;
-  for (; r + 4 <= nrows; r += 4) dot_group_bf16x<4>(W + r * ld, ld, x, K, out + r);
-  for (; r < nrows; ++r) dot_group_bf16x<1>(W + r * ld, ld, x, K, out + r);
+  for (int r = 0; r < nrows; ++r) out[r] = dot_row_bf16x(W + r * ld, x, K);
 #else
   (void)W, (void)ld, (void)nrows, (void)x, (void)K, (void)out;
   throw Error("bf16_dot_rows_bf16 needs x86 AVX512-BF16");

@@ -1,0 +1,209 @@
+"""Benchmark of the CPU MoE executor against the machine's read bandwidth, measured in the same run.
+
+    python -m ft_kernels_cpu.bench --format bf16 --shape qwen3-30b-a3b [--threads N] [--batch 1] [--json]
+
+Each sample times a run of back-to-back decode steps over a rotating set of experts larger than the
+last-level cache, between two read-bandwidth samples taken with the same threads (bandwidth drifts on
+shared machines, so each timed row is compared with its neighbours). Effective GB/s counts the bytes
+of expert weights a step touches (each distinct expert once) over its time; `ratio` is the median of
+the per-sample ratios gbs / read_gbs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+
+import ft_kernels_cpu as fk
+from ft_kernels_cpu.shapes import SHAPES, MoeShape, get_shape
+
+
+def last_level_cache_bytes() -> int:
+    """Largest CPU cache reported by sysfs (a safe 64 MiB when unknown)."""
+    best = 0
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in os.listdir(base):
+            try:
+                with open(os.path.join(base, entry, "size")) as f:
+                    text = f.read().strip()
+            except OSError:
+                continue
+            mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            best = max(best, int(text.rstrip("KMG")) * mult)
+    except OSError:
+        pass
+    return best or 64 << 20
+
+
+def _random_bf16_bits(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """bf16 bit patterns of magnitude in [2^-7, 2^-6) with random sign and mantissa (no denormals)."""
+    bits = rng.integers(0, 1 << 16, size=shape, dtype=np.uint16)
+    return (bits & np.uint16(0x807F)) | np.uint16(0x3C00)
+
+
+class BenchFormat(NamedTuple):
+    expert_bytes: Callable[[MoeShape], int]
+    banks: Callable[[MoeShape, int, np.random.Generator], dict[str, np.ndarray]]
+
+
+def _bf16_banks(shape: MoeShape, experts: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    H, I = shape.hidden, shape.intermediate
+    return {"w13": _random_bf16_bits(rng, (experts, 2 * I, H)), "w2": _random_bf16_bits(rng, (experts, H, I))}
+
+
+# Synthetic banks per format. Issue #3 adds the quantized formats.
+BENCH_FORMATS: dict[str, BenchFormat] = {
+    "bf16": BenchFormat(lambda s: 3 * s.hidden * s.intermediate * 2, _bf16_banks),
+}
+
+
+def bench_format(fmt: str, shape_name: str, threads: int, batch: int, samples: int, min_time: float,
+                 isa: str | None, log: Callable[[str], None]) -> dict:
+    shape = get_shape(shape_name)
+    if fmt not in BENCH_FORMATS:
+        raise ValueError(f"--format {fmt!r} has no benchmark banks; expected one of {', '.join(BENCH_FORMATS)}")
+    rng = np.random.default_rng(0)
+    llc = last_level_cache_bytes()
+    expert_bytes = BENCH_FORMATS[fmt].expert_bytes(shape)
+    # Enough experts that a rotation reads 8x the last-level cache (at least 1 GiB) and never fewer
+    # than two steps' worth: an expert is back in a step only after all the others were read.
+    pool = max(2 * shape.top_k * batch, -(-max(8 * llc, 1 << 30) // expert_bytes))
+    log(f"# {fmt} {shape_name}: hidden={shape.hidden} intermediate={shape.intermediate} top_k={shape.top_k} "
+        f"batch={batch}, {pool} experts ({pool * expert_bytes / 2**30:.2f} GiB, LLC {llc / 2**20:.0f} MiB)")
+    t0 = time.perf_counter()
+    banks = BENCH_FORMATS[fmt].banks(shape, pool, rng)
+    log(f"# banks built in {time.perf_counter() - t0:.1f} s")
+
+    ex = fk.MoeExecutor(shape.hidden, shape.top_k, max_tokens=batch, num_threads=threads, isa=isa)
+    ex.add_layer(0, fmt, num_experts=pool, intermediate=shape.intermediate, banks=banks,
+                 activation=shape.activation)
+    x = _random_bf16_bits(rng, (batch, shape.hidden))
+
+    # Routing: each token takes top_k distinct experts; steps walk the pool so that an expert comes
+    # back only after the whole pool (far more than the LLC) was read.
+    steps = 4096
+    ids = np.empty((steps, batch, shape.top_k), dtype=np.int32)
+    order = np.arange(pool)
+    pos = 0
+    for s in range(steps):
+        for t in range(batch):
+            if pos + shape.top_k > pool:
+                order = rng.permutation(pool)
+                pos = 0
+            ids[s, t] = order[pos:pos + shape.top_k]
+            pos += shape.top_k
+    weights = rng.random((steps, batch, shape.top_k), dtype=np.float32)
+    step_bytes = np.array([len(np.unique(ids[s])) * expert_bytes for s in range(steps)])
+
+    bw_bytes = max(512 << 20, 8 * llc)
+    read = lambda: ex.read_bandwidth_gbs(bw_bytes, passes=1)  # noqa: E731
+    read()
+    # Calibrate the number of steps per timed row to about `min_time` seconds.
+    secs = ex.time_runs(0, x, ids[:8], weights[:8])
+    count = int(min(steps, max(8, min_time / max(secs / 8, 1e-6))))
+
+    rows = []
+    start = 0
+    bw_before = read()
+    for i in range(samples):
+        if start + count > steps:
+            start = 0
+        sl = slice(start, start + count)
+        secs = ex.time_runs(0, x, ids[sl], weights[sl])
+        bw_after = read()
+        gbs = step_bytes[sl].sum() / secs / 1e9
+        ceiling = 0.5 * (bw_before + bw_after)
+        rows.append((gbs, ceiling, gbs / ceiling, secs / count * 1e6))
+        log(f"  sample {i}: {gbs:7.1f} GB/s   read {ceiling:7.1f} GB/s   ratio {gbs / ceiling:5.3f}   "
+            f"{secs / count * 1e6:8.1f} us/step")
+        bw_before = bw_after
+        start += count
+
+    gbs = statistics.median(r[0] for r in rows)
+    read_gbs = statistics.median(r[1] for r in rows)
+    us_step = statistics.median(r[3] for r in rows)
+    return {
+        "bench": "ft_kernels_cpu",
+        "format": fmt,
+        "shape": shape_name,
+        "threads": ex.num_threads,
+        "batch": batch,
+        "isa": ex.isa,
+        "gbs": round(gbs, 2),
+        "read_gbs": round(read_gbs, 2),
+        "ratio": round(statistics.median(r[2] for r in rows), 4),
+        "us_per_step": round(us_step, 2),
+        "us_per_token": round(us_step / batch, 2),
+        "samples": samples,
+        "steps_per_sample": count,
+        "cores": fk.physical_cores(),
+        "host": platform.node(),
+        "cpu": _cpu_name(),
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ft_kernels_cpu.bench", description=__doc__.split("\n")[0])
+    p.add_argument("--format", default="bf16", help=f"weight format or 'all' (formats: {', '.join(fk.weight_formats())})")
+    p.add_argument("--shape", default="qwen3-30b-a3b", help=f"shape preset: {', '.join(SHAPES)}")
+    p.add_argument("--threads", type=int, default=None,
+                   help="worker threads incl. the caller (default: all physical cores, %(default)s)")
+    p.add_argument("--batch", type=int, default=1, help="tokens per step (default 1)")
+    p.add_argument("--samples", type=int, default=7, help="timed rows, each between two bandwidth samples")
+    p.add_argument("--min-time", type=float, default=0.25, help="seconds per timed row (default 0.25)")
+    p.add_argument("--isa", default=None, help="ISA tier (default: best, or $FT_CPU_MOE_ISA)")
+    p.add_argument("--json", action="store_true", help="end with one JSON line per format")
+    a = p.parse_args(argv)
+    if a.batch < 1:
+        p.error(f"--batch must be >= 1, got {a.batch}")
+    if a.samples < 1:
+        p.error(f"--samples must be >= 1, got {a.samples}")
+    threads = a.threads if a.threads is not None else fk.physical_cores()
+    if threads < 1:
+        p.error(f"--threads must be >= 1, got {threads}")
+    formats = fk.weight_formats() if a.format == "all" else [a.format]
+    for fmt in formats:
+        if fmt not in fk.weight_formats():
+            p.error(f"--format {fmt!r} is unknown; expected 'all' or one of {', '.join(fk.weight_formats())}")
+    try:
+        get_shape(a.shape)
+    except ValueError as e:
+        p.error(str(e))
+
+    log = lambda s: print(s, file=sys.stderr if a.json else sys.stdout, flush=True)  # noqa: E731
+    results = [bench_format(f, a.shape, threads, a.batch, a.samples, a.min_time, a.isa, log) for f in formats]
+    log("")
+    log(f"{'format':<10} {'shape':<16} {'thr':>4} {'batch':>5} {'isa':<12} {'GB/s':>8} {'read GB/s':>10} "
+        f"{'ratio':>6} {'us/token':>9}")
+    for r in results:
+        log(f"{r['format']:<10} {r['shape']:<16} {r['threads']:>4} {r['batch']:>5} {r['isa']:<12} {r['gbs']:>8.1f} "
+            f"{r['read_gbs']:>10.1f} {r['ratio']:>6.3f} {r['us_per_token']:>9.1f}")
+    if a.json:
+        for r in results:
+            print(json.dumps(r), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
