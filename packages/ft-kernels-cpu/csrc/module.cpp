@@ -101,20 +101,25 @@ PYBIND11_MODULE(_ft_kernels_cpu, m) {
             return ex.read_bandwidth_gbs(bytes, passes);
           },
           py::arg("bytes"), py::arg("passes"))
-      .def("capsule",
-           [](py::object self) {
+      .def(
+          "capsule",
+          // `owner` (default: the executor) is what the capsule keeps alive: the Python wrapper passes
+          // itself, since it also holds the weight banks.
+          [](py::object self, py::object owner) {
              MoeExecutor& ex = self.cast<MoeExecutor&>();
+             if (owner.is_none()) owner = self;
              PyObject* cap = PyCapsule_New(const_cast<ft_moe_executor_abi*>(ex.abi()), FT_MOE_EXECUTOR_CAPSULE,
                                            &release_capsule_owner);
              if (!cap) throw py::error_already_set();
-             Py_INCREF(self.ptr());  // the capsule keeps the executor alive
-             if (PyCapsule_SetContext(cap, self.ptr()) != 0) {
-               Py_DECREF(self.ptr());
+             Py_INCREF(owner.ptr());
+             if (PyCapsule_SetContext(cap, owner.ptr()) != 0) {
+               Py_DECREF(owner.ptr());
                Py_DECREF(cap);
                throw py::error_already_set();
              }
              return py::reinterpret_steal<py::object>(cap);
-           })
+           },
+          py::arg("owner") = py::none())
       .def("layer_format", &MoeExecutor::layer_format)
       .def_property_readonly("layers", &MoeExecutor::layers)
       .def_property_readonly("hidden", &MoeExecutor::hidden)

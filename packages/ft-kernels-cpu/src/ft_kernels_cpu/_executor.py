@@ -228,8 +228,11 @@ class MoeExecutor:
         return self._native.read_bandwidth_gbs(nbytes, passes)
 
     def capsule(self) -> object:
-        """PyCapsule ``ft_kernels_cpu.moe_executor_abi`` holding the C ABI (see ``get_include()``)."""
-        return self._native.capsule()
+        """PyCapsule ``ft_kernels_cpu.moe_executor_abi`` holding the C ABI (see ``get_include()``).
+
+        The capsule keeps this executor and its banks alive for as long as it is referenced.
+        """
+        return self._native.capsule(self)
 
     def __repr__(self) -> str:
         return (

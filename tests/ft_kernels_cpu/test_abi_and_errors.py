@@ -1,0 +1,186 @@
+"""The C ABI capsule, the installed header, ISA selection and every argument check."""
+
+from __future__ import annotations
+
+import gc
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ft_kernels_cpu as fk
+from ft_kernels_cpu._native import native
+from helpers.moe_reference import BF16
+
+H, I, E, TOP_K = 64, 32, 4, 2
+
+
+def small_executor(**kw) -> fk.MoeExecutor:
+    rng = np.random.default_rng(0)
+    ex = fk.MoeExecutor(hidden=H, top_k=TOP_K, max_tokens=4, **kw)
+    ex.add_layer(
+        0, "bf16", num_experts=E, intermediate=I,
+        banks={"w13": rng.standard_normal((E, 2 * I, H)).astype(BF16), "w2": rng.standard_normal((E, H, I)).astype(BF16)},
+    )
+    return ex
+
+
+def task(T: int = 2):
+    rng = np.random.default_rng(1)
+    return (
+        rng.standard_normal((T, H)).astype(BF16),
+        rng.integers(0, E, (T, TOP_K)).astype(np.int32),
+        rng.random((T, TOP_K)).astype(np.float32),
+    )
+
+
+def test_capsule_runs_through_the_c_abi_and_keeps_the_executor_alive() -> None:
+    ex = small_executor(num_threads=2)
+    x, ids, w = task()
+    expect = ex.run(0, x, ids, w).view(np.uint16).copy()
+    cap = ex.capsule()
+    del ex
+    gc.collect()
+    y = np.zeros((2, H), np.uint16)
+    native._run_through_capsule(cap, 0, 2, x.ctypes.data, ids.ctypes.data, w.ctypes.data, y.ctypes.data)
+    np.testing.assert_array_equal(y, expect)
+    bad = ids.copy()
+    bad[1, 0] = E
+    with pytest.raises(ValueError, match=r"C ABI failed: ids\[1, 0\]=4 is out of range"):
+        native._run_through_capsule(cap, 0, 2, x.ctypes.data, bad.ctypes.data, w.ctypes.data, y.ctypes.data)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on PATH to compile the header")
+def test_header_is_plain_c(tmp_path: Path) -> None:
+    header = Path(fk.get_include()) / "ft_kernels_cpu" / "moe_abi.h"
+    assert header.is_file()
+    src = tmp_path / "use.c"
+    src.write_text(
+        '#include "ft_kernels_cpu/moe_abi.h"\n'
+        "int call(ft_moe_executor_abi* a, ft_moe_task* t) {\n"
+        "  return a->abi_version == FT_MOE_ABI_VERSION ? a->run(a->self, t) : -1; }\n"
+    )
+    subprocess.run(["cc", "-std=c99", "-Wall", "-Werror", "-fsyntax-only", "-I", fk.get_include(), str(src)], check=True)
+    assert fk.CAPSULE_NAME == "ft_kernels_cpu.moe_executor_abi"
+
+
+def test_isa_env_lowers_the_tier(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FT_CPU_MOE_ISA", "scalar")
+    assert fk.isa() == "scalar"
+    assert small_executor().isa == "scalar"
+    monkeypatch.setenv("FT_CPU_MOE_ISA", "avx9000")
+    with pytest.raises(ValueError, match="FT_CPU_MOE_ISA='avx9000' is not an ISA tier"):
+        fk.MoeExecutor(hidden=H, top_k=1, max_tokens=1)
+
+
+ALL_TIERS = ["scalar", "avx2", "avx512", "avx512_bf16"]
+
+
+@pytest.mark.parametrize("tier", [t for t in ALL_TIERS if t not in fk.isa_tiers()])
+def test_tier_the_cpu_lacks_is_refused(monkeypatch: pytest.MonkeyPatch, tier: str) -> None:
+    monkeypatch.setenv("FT_CPU_MOE_ISA", tier)
+    with pytest.raises(ValueError, match="asks for a tier this CPU lacks"):
+        fk.MoeExecutor(hidden=H, top_k=1, max_tokens=1)
+
+
+def test_default_threads_leave_a_core_to_the_caller() -> None:
+    assert fk.MoeExecutor(hidden=8, top_k=1, max_tokens=1).num_threads == max(1, fk.physical_cores() - 1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"top_k": 65}, r"top_k must be \[1, 64\], got 65"),
+        ({"top_k": 0}, r"top_k must be \[1, 64\]"),
+        ({"hidden": 0}, r"hidden must be >= 1"),
+        ({"max_tokens": 0}, r"max_tokens must be >= 1"),
+        ({"num_threads": 0}, r"num_threads must be \[1, 1024\]"),
+        ({"isa": "sse9"}, r"isa='sse9' is not an ISA tier"),
+    ],
+)
+def test_constructor_errors(kwargs: dict, match: str) -> None:
+    args = {"hidden": H, "top_k": TOP_K, "max_tokens": 4} | kwargs
+    with pytest.raises(ValueError, match=match):
+        fk.MoeExecutor(**args)
+
+
+def _banks(rng=np.random.default_rng(0)):
+    return {"w13": np.zeros((E, 2 * I, H), BF16), "w2": np.zeros((E, H, I), BF16)}
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda b, kw: b.update(w13=np.zeros((E, 2 * I, H + 1), BF16)),
+         r"layer 0 \(bf16\): bank 'w13' has 33280 bytes; expected 32768 bytes \(\[4, 64, 64\] bf16\)"),
+        (lambda b, kw: b.update(w2=np.zeros((E, H, I), np.float16)), r"bank 'w2' has dtype float16; expected \[4, 64, 32\] bf16"),
+        (lambda b, kw: b.pop("w2"), r"missing bank 'w2'; expected \[4, 64, 32\] bf16"),
+        (lambda b, kw: b.update(w3=np.zeros(4, BF16)), r"bank 'w3' is not used by this format"),
+        (lambda b, kw: b.update(w13_bias=np.zeros((E, 2 * I), BF16)), r"bank 'w13_bias' has dtype bfloat16; expected \[4, 64\] f32"),
+        (lambda b, kw: kw.update(options={"limt": 1.0}), r"option 'limt' is not used"),
+        (lambda b, kw: kw.update(activation="swiglu_clamp"), r"missing option 'limit' \(clamp bound of swiglu_clamp\)"),
+        (lambda b, kw: kw.update(activation="relu"), r"activation='relu' is unknown"),
+        (lambda b, kw: kw.update(weight_format="int3"), r"weight_format='int3' is unknown; expected one of bf16"),
+        (lambda b, kw: b.update(w2=np.zeros((E, I, H), BF16).transpose(0, 2, 1)), r"banks\['w2'\] must be C-contiguous"),
+        (lambda b, kw: b.update(w2=[1, 2]), r"banks\['w2'\] must be a numpy array or an \(address, nbytes\) tuple"),
+    ],
+)
+def test_add_layer_errors_name_the_bank_and_shape(change, match: str) -> None:
+    ex = fk.MoeExecutor(hidden=H, top_k=TOP_K, max_tokens=4)
+    banks = _banks()
+    kw = {"weight_format": "bf16", "activation": "silu", "options": {}}
+    change(banks, kw)
+    with pytest.raises((ValueError, TypeError), match=match):
+        ex.add_layer(0, kw["weight_format"], num_experts=E, intermediate=I, banks=banks,
+                     activation=kw["activation"], options=kw["options"])
+    assert ex.layers == []
+
+
+def test_layer_added_twice_is_refused() -> None:
+    ex = small_executor()
+    with pytest.raises(ValueError, match="layer 0 was already added"):
+        ex.add_layer(0, "bf16", num_experts=E, intermediate=I, banks=_banks())
+
+
+def test_raw_address_banks() -> None:
+    rng = np.random.default_rng(4)
+    banks = {"w13": rng.standard_normal((E, 2 * I, H)).astype(BF16), "w2": rng.standard_normal((E, H, I)).astype(BF16)}
+    a = fk.MoeExecutor(hidden=H, top_k=TOP_K, max_tokens=4)
+    a.add_layer(0, "bf16", num_experts=E, intermediate=I, banks=banks)
+    b = fk.MoeExecutor(hidden=H, top_k=TOP_K, max_tokens=4)
+    b.add_layer(0, "bf16", num_experts=E, intermediate=I, banks={k: (v.ctypes.data, v.nbytes) for k, v in banks.items()})
+    x, ids, w = task()
+    np.testing.assert_array_equal(a.run(0, x, ids, w).view(np.uint16), b.run(0, x, ids, w).view(np.uint16))
+    with pytest.raises(ValueError, match=r"bank 'w2' has 100 bytes; expected 16384 bytes"):
+        b.add_layer(1, "bf16", num_experts=E, intermediate=I, banks={"w13": banks["w13"], "w2": (banks["w2"].ctypes.data, 100)})
+
+
+def test_run_errors() -> None:
+    ex = small_executor()
+    x, ids, w = task()
+    with pytest.raises(ValueError, match=r"x has 5 tokens; this executor takes at most max_tokens=4"):
+        ex.run(0, np.zeros((5, H), BF16), np.zeros((5, TOP_K), np.int32), np.zeros((5, TOP_K), np.float32))
+    with pytest.raises(TypeError, match=r"x must have dtype bfloat16 \(ml_dtypes\) or uint16 bf16 bits, got float32"):
+        ex.run(0, x.astype(np.float32), ids, w)
+    with pytest.raises(TypeError, match="ids must have dtype int32, got int64"):
+        ex.run(0, x, ids.astype(np.int64), w)
+    with pytest.raises(ValueError, match=r"weights must have shape \[2, 2\], got \[2, 3\]"):
+        ex.run(0, x, ids, np.zeros((2, 3), np.float32))
+    with pytest.raises(ValueError, match=r"x must have shape \[2, 64\], got \[2, 32\]"):
+        ex.run(0, x[:, :32].copy(), ids, w)
+    with pytest.raises(ValueError, match="x must be C-contiguous"):
+        ex.run(0, np.zeros((H, 2), BF16).T, ids, w)
+    with pytest.raises(ValueError, match=r"layer=3 has not been added \(layers: \[0\]\)"):
+        ex.run(3, x, ids, w)
+    bad = ids.copy()
+    bad[0, 1] = 99
+    with pytest.raises(fk.KernelError, match=r"ids\[0, 1\]=99 is out of range for layer 0 with 4 experts"):
+        ex.run(0, x, bad, w)
+    with pytest.raises(ValueError, match="out must be writeable"):
+        out = np.zeros((2, H), BF16)
+        out.flags.writeable = False
+        ex.run(0, x, ids, w, out=out)
+    with pytest.raises(ValueError, match=r"num_tokens=9 is out of range; this executor was built for max_tokens=4"):
+        ex.run_ptr(0, 9, x.ctypes.data, ids.ctypes.data, w.ctypes.data, x.ctypes.data)

@@ -1,0 +1,184 @@
+"""bf16 executor against the float64 reference, on every ISA tier and activation."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import ft_kernels_cpu as fk
+from helpers.moe_reference import BF16, moe_reference, random_routes
+
+TIERS = fk.isa_tiers()
+ACTIVATIONS = ["silu", "gelu", "gelu_tanh", "swigluoai", "swiglu_clamp"]
+
+
+def make_layer(rng: np.random.Generator, E: int, H: int, I: int, bias: bool = False):
+    w13 = (rng.standard_normal((E, 2 * I, H)) / np.sqrt(H)).astype(BF16)
+    w2 = (rng.standard_normal((E, H, I)) / np.sqrt(I)).astype(BF16)
+    banks = {"w13": w13, "w2": w2}
+    if bias:
+        banks["w13_bias"] = (0.1 * rng.standard_normal((E, 2 * I))).astype(np.float32)
+        banks["w2_bias"] = (0.1 * rng.standard_normal((E, H))).astype(np.float32)
+    return banks
+
+
+def reference(banks, x, ids, w, I, act, on_input=False, **opts):
+    w13 = banks["w13"].astype(np.float64)
+    b13 = banks.get("w13_bias")
+    return moe_reference(
+        x, ids, w, w13[:, :I], w13[:, I:], banks["w2"], act,
+        b_gate=None if b13 is None else b13[:, :I].astype(np.float64),
+        b_up=None if b13 is None else b13[:, I:].astype(np.float64),
+        b_down=None if "w2_bias" not in banks else banks["w2_bias"].astype(np.float64),
+        router_weight_on_input=on_input, **opts,
+    )
+
+
+def assert_close_to_reference(y: np.ndarray, ref: np.ndarray, scale: np.ndarray, isa: str) -> None:
+    # y is rounded to bf16 (relative error <= 2^-9; 2^-8 leaves a factor 2). The avx512_bf16 tier also
+    # rounds the intermediate to bf16 before the down projection: each term is off by <= 2^-9
+    # relative, so the sum by <= 2^-9 * scale. fp32 tiers accumulate in fp32 (K * 2^-24 << 2^-11).
+    c = 2.0**-8 if isa == "avx512_bf16" else 2.0**-11
+    bound = 2.0**-8 * np.abs(ref) + c * scale + 1e-30
+    err = np.abs(y.astype(np.float64) - ref)
+    worst = np.unravel_index(np.argmax(err / bound), err.shape)
+    assert np.all(err <= bound), (
+        f"{isa}: error {err[worst]:.3g} at {worst} exceeds bound {bound[worst]:.3g} (ref {ref[worst]:.4g})"
+    )
+
+
+@pytest.mark.parametrize("T", [1, 3, 8])
+@pytest.mark.parametrize("act", ACTIVATIONS)
+@pytest.mark.parametrize("isa", TIERS)
+def test_matches_float64_reference(isa: str, act: str, T: int) -> None:
+    rng = np.random.default_rng([TIERS.index(isa), ACTIVATIONS.index(act), T])
+    # Odd sizes exercise every vector tail; E small so that routes collide across tokens.
+    E, H, I, top_k = 5, int(rng.integers(40, 200)), int(rng.integers(17, 90)), 4
+    banks = make_layer(rng, E, H, I)
+    opts = {"limit": 3.0} if act == "swiglu_clamp" else {}
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=8, num_threads=2, isa=isa)
+    ex.add_layer(0, "bf16", num_experts=E, intermediate=I, banks=banks, activation=act, options=opts)
+    x = (2.0 * rng.standard_normal((T, H))).astype(BF16)
+    ids = random_routes(rng, T, top_k, E)
+    w = rng.random((T, top_k)).astype(np.float32)
+    y = ex.run(0, x, ids, w)
+    assert y.dtype == BF16 and y.shape == (T, H)
+    ref, scale = reference(banks, x, ids, w, I, act, **opts)
+    assert_close_to_reference(y, ref, scale, isa)
+
+
+@pytest.mark.parametrize("isa", TIERS)
+def test_biases_and_swigluoai_options(isa: str) -> None:
+    rng = np.random.default_rng(7)
+    E, H, I, top_k, T = 4, 96, 48, 4, 3
+    banks = make_layer(rng, E, H, I, bias=True)
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=4, num_threads=2, isa=isa)
+    opts = {"alpha": 1.5, "limit": 2.0}
+    ex.add_layer(3, "bf16", num_experts=E, intermediate=I, banks=banks, activation="swigluoai", options=opts)
+    x = (3.0 * rng.standard_normal((T, H))).astype(BF16)
+    ids = random_routes(rng, T, top_k, E)
+    w = rng.random((T, top_k)).astype(np.float32)
+    ref, scale = reference(banks, x, ids, w, I, "swigluoai", **opts)
+    assert_close_to_reference(ex.run(3, x, ids, w), ref, scale, isa)
+
+
+@pytest.mark.parametrize("isa", TIERS)
+def test_router_weight_on_input(isa: str) -> None:
+    rng = np.random.default_rng(11)
+    E, H, I, top_k, T = 3, 64, 32, 2, 3
+    banks = make_layer(rng, E, H, I)
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=4, num_threads=1, isa=isa)
+    ex.add_layer(0, "bf16", num_experts=E, intermediate=I, banks=banks, router_weight_on_input=True)
+    x = rng.standard_normal((T, H)).astype(BF16)
+    ids = np.array([[0, 2], [1, -1], [2, 2]], dtype=np.int32)
+    w = (0.5 + rng.random((T, top_k))).astype(np.float32)
+    ref, scale = reference(banks, x, ids, w, I, "silu", on_input=True)
+    assert_close_to_reference(ex.run(0, x, ids, w), ref, scale, isa)
+    # silu is not linear: weighting the input must differ from weighting the output.
+    ref_out, _ = reference(banks, x, ids, w, I, "silu", on_input=False)
+    assert np.abs(ref - ref_out).max() > 1e-2
+
+
+@pytest.mark.parametrize("isa", TIERS)
+def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
+    rng = np.random.default_rng(3)
+    E, H, I, top_k, T = 8, 300, 200, 6, 8
+    banks = make_layer(rng, E, H, I)
+    x = rng.standard_normal((T, H)).astype(BF16)
+    ids = random_routes(rng, T, top_k, E)
+    w = rng.random((T, top_k)).astype(np.float32)
+    outs = []
+    for threads in (1, 2, 3, 5):
+        ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T, num_threads=threads, isa=isa)
+        assert ex.num_threads == threads
+        ex.add_layer(0, "bf16", num_experts=E, intermediate=I, banks=banks)
+        outs.append(ex.run(0, x, ids, w).view(np.uint16).copy())
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+
+
+def test_layers_with_different_shapes_and_activations() -> None:
+    rng = np.random.default_rng(5)
+    H, top_k, T = 128, 3, 4
+    specs = {0: (4, 64, "silu"), 7: (6, 40, "gelu_tanh"), 9: (3, 96, "gelu")}
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T, num_threads=2)
+    layers = {}
+    for layer, (E, I, act) in specs.items():
+        layers[layer] = make_layer(rng, E, H, I)
+        ex.add_layer(layer, "bf16", num_experts=E, intermediate=I, banks=layers[layer], activation=act)
+    assert ex.layers == [0, 7, 9]
+    x = rng.standard_normal((T, H)).astype(BF16)
+    w = rng.random((T, top_k)).astype(np.float32)
+    for layer in (9, 0, 7, 0):
+        E, I, act = specs[layer]
+        ids = random_routes(rng, T, top_k, E)
+        ref, scale = reference(layers[layer], x, ids, w, I, act)
+        assert_close_to_reference(ex.run(layer, x, ids, w), ref, scale, ex.isa)
+
+
+def test_skipped_routes_and_empty_tasks_give_zeros() -> None:
+    rng = np.random.default_rng(9)
+    E, H, I, top_k = 4, 64, 32, 2
+    banks = make_layer(rng, E, H, I)
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=4, num_threads=2)
+    ex.add_layer(0, "bf16", num_experts=E, intermediate=I, banks=banks)
+    x = rng.standard_normal((3, H)).astype(BF16)
+    w = np.ones((3, top_k), np.float32)
+    out = np.full((3, H), 7, dtype=BF16)  # stale values must be overwritten
+    ids = np.full((3, top_k), -1, np.int32)
+    np.testing.assert_array_equal(ex.run(0, x, ids, w, out=out).astype(np.float32), 0.0)
+    ids[1] = [2, -5]
+    y = ex.run(0, x, ids, w).astype(np.float64)
+    assert np.all(y[0] == 0) and np.all(y[2] == 0) and np.abs(y[1]).max() > 0
+    ref, scale = reference(banks, x, ids, w, I, "silu")
+    assert_close_to_reference(y, ref, scale, ex.isa)
+    # Zero tokens is a valid (empty) task.
+    assert ex.run(0, x[:0], ids[:0], w[:0]).shape == (0, H)
+
+
+def test_uint16_bit_views_are_accepted() -> None:
+    rng = np.random.default_rng(2)
+    E, H, I, top_k, T = 3, 64, 32, 2, 2
+    banks = make_layer(rng, E, H, I)
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T)
+    ex.add_layer(0, "bf16", num_experts=E, intermediate=I, banks={k: v.view(np.uint16) for k, v in banks.items()})
+    x = rng.standard_normal((T, H)).astype(BF16)
+    ids = np.array([[0, 1], [2, 0]], np.int32)
+    w = np.full((T, top_k), 0.5, np.float32)
+    y16 = ex.run(0, x.view(np.uint16), ids, w)
+    assert y16.dtype == np.uint16
+    np.testing.assert_array_equal(y16, ex.run(0, x, ids, w).view(np.uint16))
+
+
+def test_read_bandwidth_is_measured() -> None:
+    ex = fk.MoeExecutor(hidden=16, top_k=1, max_tokens=1, num_threads=1)
+    gbs = ex.read_bandwidth_gbs(16 << 20, passes=1)
+    assert 0.1 < gbs < 10_000
+
+
+def test_isa_reporting() -> None:
+    assert fk.isa() in fk.isa_tiers()
+    assert fk.isa_tiers()[0] == "scalar"
+    assert fk.weight_formats() == ["bf16"]
+    assert ml_dtypes.bfloat16 is BF16

@@ -1,0 +1,1 @@
+"""Shared test helpers: independent float64 references and input builders."""
