@@ -21,8 +21,14 @@ def small_executor(**kw) -> fk.MoeExecutor:
     rng = np.random.default_rng(0)
     ex = fk.MoeExecutor(hidden=H, top_k=TOP_K, max_tokens=4, **kw)
     ex.add_layer(
-        0, "bf16", num_experts=E, intermediate=I,
-        banks={"w13": rng.standard_normal((E, 2 * I, H)).astype(BF16), "w2": rng.standard_normal((E, H, I)).astype(BF16)},
+        0,
+        "bf16",
+        num_experts=E,
+        intermediate=I,
+        banks={
+            "w13": rng.standard_normal((E, 2 * I, H)).astype(BF16),
+            "w2": rng.standard_normal((E, H, I)).astype(BF16),
+        },
     )
     return ex
 
@@ -62,7 +68,9 @@ def test_header_is_plain_c(tmp_path: Path) -> None:
         "int call(ft_moe_executor_abi* a, ft_moe_task* t) {\n"
         "  return a->abi_version == FT_MOE_ABI_VERSION ? a->run(a->self, t) : -1; }\n"
     )
-    subprocess.run(["cc", "-std=c99", "-Wall", "-Werror", "-fsyntax-only", "-I", fk.get_include(), str(src)], check=True)
+    subprocess.run(
+        ["cc", "-std=c99", "-Wall", "-Werror", "-fsyntax-only", "-I", fk.get_include(), str(src)], check=True
+    )
     assert fk.CAPSULE_NAME == "ft_kernels_cpu.moe_executor_abi"
 
 
@@ -106,25 +114,45 @@ def test_constructor_errors(kwargs: dict, match: str) -> None:
         fk.MoeExecutor(**args)
 
 
-def _banks(rng=np.random.default_rng(0)):
+def _banks():
     return {"w13": np.zeros((E, 2 * I, H), BF16), "w2": np.zeros((E, H, I), BF16)}
 
 
 @pytest.mark.parametrize(
     ("change", "match"),
     [
-        (lambda b, kw: b.update(w13=np.zeros((E, 2 * I, H + 1), BF16)),
-         r"layer 0 \(bf16\): bank 'w13' has 33280 bytes; expected 32768 bytes \(\[4, 64, 64\] bf16\)"),
-        (lambda b, kw: b.update(w2=np.zeros((E, H, I), np.float16)), r"bank 'w2' has dtype float16; expected \[4, 64, 32\] bf16"),
+        (
+            lambda b, kw: b.update(w13=np.zeros((E, 2 * I, H + 1), BF16)),
+            r"layer 0 \(bf16\): bank 'w13' has 33280 bytes; expected 32768 bytes \(\[4, 64, 64\] bf16\)",
+        ),
+        (
+            lambda b, kw: b.update(w2=np.zeros((E, H, I), np.float16)),
+            r"bank 'w2' has dtype float16; expected \[4, 64, 32\] bf16",
+        ),
         (lambda b, kw: b.pop("w2"), r"missing bank 'w2'; expected \[4, 64, 32\] bf16"),
         (lambda b, kw: b.update(w3=np.zeros(4, BF16)), r"bank 'w3' is not used by this format"),
-        (lambda b, kw: b.update(w13_bias=np.zeros((E, 2 * I), BF16)), r"bank 'w13_bias' has dtype bfloat16; expected \[4, 64\] f32"),
+        (
+            lambda b, kw: b.update(w13_bias=np.zeros((E, 2 * I), BF16)),
+            r"bank 'w13_bias' has dtype bfloat16; expected \[4, 64\] f32",
+        ),
         (lambda b, kw: kw.update(options={"limt": 1.0}), r"option 'limt' is not used"),
-        (lambda b, kw: kw.update(activation="swiglu_clamp"), r"missing option 'limit' \(clamp bound of swiglu_clamp\)"),
+        (
+            lambda b, kw: kw.update(activation="swiglu_clamp"),
+            r"missing option 'limit' \(clamp bound of swiglu_clamp\)",
+        ),
         (lambda b, kw: kw.update(activation="relu"), r"activation='relu' is unknown"),
-        (lambda b, kw: kw.update(weight_format="int3"), r"weight_format='int3' is unknown; expected one of bf16"),
-        (lambda b, kw: b.update(w2=np.zeros((E, I, H), BF16).transpose(0, 2, 1)), r"banks\['w2'\] must be C-contiguous"),
-        (lambda b, kw: b.update(w2=[1, 2]), r"banks\['w2'\] must be a numpy array or an \(address, nbytes\) tuple"),
+        (
+            lambda b, kw: kw.update(weight_format="int3"),
+            r"weight_format='int3' is unknown; expected one of bf16",
+        ),
+        (
+            lambda b, kw: b.update(w2=np.zeros((E, I, H), BF16).transpose(0, 2, 1)),
+            r"banks\['w2'\] must be C-contiguous",
+        ),
+        (
+            lambda b, kw: b.update(w2=[1, 2]),
+            r"banks\['w2'\] must be a numpy array or an \(address, nbytes\) tuple",
+        ),
     ],
 )
 def test_add_layer_errors_name_the_bank_and_shape(change, match: str) -> None:
@@ -133,8 +161,15 @@ def test_add_layer_errors_name_the_bank_and_shape(change, match: str) -> None:
     kw = {"weight_format": "bf16", "activation": "silu", "options": {}}
     change(banks, kw)
     with pytest.raises((ValueError, TypeError), match=match):
-        ex.add_layer(0, kw["weight_format"], num_experts=E, intermediate=I, banks=banks,
-                     activation=kw["activation"], options=kw["options"])
+        ex.add_layer(
+            0,
+            kw["weight_format"],
+            num_experts=E,
+            intermediate=I,
+            banks=banks,
+            activation=kw["activation"],
+            options=kw["options"],
+        )
     assert ex.layers == []
 
 
@@ -146,15 +181,30 @@ def test_layer_added_twice_is_refused() -> None:
 
 def test_raw_address_banks() -> None:
     rng = np.random.default_rng(4)
-    banks = {"w13": rng.standard_normal((E, 2 * I, H)).astype(BF16), "w2": rng.standard_normal((E, H, I)).astype(BF16)}
+    banks = {
+        "w13": rng.standard_normal((E, 2 * I, H)).astype(BF16),
+        "w2": rng.standard_normal((E, H, I)).astype(BF16),
+    }
     a = fk.MoeExecutor(hidden=H, top_k=TOP_K, max_tokens=4)
     a.add_layer(0, "bf16", num_experts=E, intermediate=I, banks=banks)
     b = fk.MoeExecutor(hidden=H, top_k=TOP_K, max_tokens=4)
-    b.add_layer(0, "bf16", num_experts=E, intermediate=I, banks={k: (v.ctypes.data, v.nbytes) for k, v in banks.items()})
+    b.add_layer(
+        0,
+        "bf16",
+        num_experts=E,
+        intermediate=I,
+        banks={k: (v.ctypes.data, v.nbytes) for k, v in banks.items()},
+    )
     x, ids, w = task()
     np.testing.assert_array_equal(a.run(0, x, ids, w).view(np.uint16), b.run(0, x, ids, w).view(np.uint16))
     with pytest.raises(ValueError, match=r"bank 'w2' has 100 bytes; expected 16384 bytes"):
-        b.add_layer(1, "bf16", num_experts=E, intermediate=I, banks={"w13": banks["w13"], "w2": (banks["w2"].ctypes.data, 100)})
+        b.add_layer(
+            1,
+            "bf16",
+            num_experts=E,
+            intermediate=I,
+            banks={"w13": banks["w13"], "w2": (banks["w2"].ctypes.data, 100)},
+        )
 
 
 def test_run_errors() -> None:
@@ -162,7 +212,9 @@ def test_run_errors() -> None:
     x, ids, w = task()
     with pytest.raises(ValueError, match=r"x has 5 tokens; this executor takes at most max_tokens=4"):
         ex.run(0, np.zeros((5, H), BF16), np.zeros((5, TOP_K), np.int32), np.zeros((5, TOP_K), np.float32))
-    with pytest.raises(TypeError, match=r"x must have dtype bfloat16 \(ml_dtypes\) or uint16 bf16 bits, got float32"):
+    with pytest.raises(
+        TypeError, match=r"x must have dtype bfloat16 \(ml_dtypes\) or uint16 bf16 bits, got float32"
+    ):
         ex.run(0, x.astype(np.float32), ids, w)
     with pytest.raises(TypeError, match="ids must have dtype int32, got int64"):
         ex.run(0, x, ids.astype(np.int64), w)
@@ -182,5 +234,7 @@ def test_run_errors() -> None:
         out = np.zeros((2, H), BF16)
         out.flags.writeable = False
         ex.run(0, x, ids, w, out=out)
-    with pytest.raises(ValueError, match=r"num_tokens=9 is out of range; this executor was built for max_tokens=4"):
+    with pytest.raises(
+        ValueError, match=r"num_tokens=9 is out of range; this executor was built for max_tokens=4"
+    ):
         ex.run_ptr(0, 9, x.ctypes.data, ids.ctypes.data, w.ctypes.data, x.ctypes.data)

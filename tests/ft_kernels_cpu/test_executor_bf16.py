@@ -27,11 +27,18 @@ def reference(banks, x, ids, w, I, act, on_input=False, **opts):
     w13 = banks["w13"].astype(np.float64)
     b13 = banks.get("w13_bias")
     return moe_reference(
-        x, ids, w, w13[:, :I], w13[:, I:], banks["w2"], act,
+        x,
+        ids,
+        w,
+        w13[:, :I],
+        w13[:, I:],
+        banks["w2"],
+        act,
         b_gate=None if b13 is None else b13[:, :I].astype(np.float64),
         b_up=None if b13 is None else b13[:, I:].astype(np.float64),
         b_down=None if "w2_bias" not in banks else banks["w2_bias"].astype(np.float64),
-        router_weight_on_input=on_input, **opts,
+        router_weight_on_input=on_input,
+        **opts,
     )
 
 
@@ -162,7 +169,9 @@ def test_uint16_bit_views_are_accepted() -> None:
     E, H, I, top_k, T = 3, 64, 32, 2, 2
     banks = make_layer(rng, E, H, I)
     ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T)
-    ex.add_layer(0, "bf16", num_experts=E, intermediate=I, banks={k: v.view(np.uint16) for k, v in banks.items()})
+    ex.add_layer(
+        0, "bf16", num_experts=E, intermediate=I, banks={k: v.view(np.uint16) for k, v in banks.items()}
+    )
     x = rng.standard_normal((T, H)).astype(BF16)
     ids = np.array([[0, 1], [2, 0]], np.int32)
     w = np.full((T, top_k), 0.5, np.float32)

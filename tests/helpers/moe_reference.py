@@ -11,7 +11,9 @@ BF16 = ml_dtypes.bfloat16
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
-def activation(name: str, g: np.ndarray, u: np.ndarray, alpha: float = 1.702, limit: float = 7.0) -> np.ndarray:
+def activation(
+    name: str, g: np.ndarray, u: np.ndarray, alpha: float = 1.702, limit: float = 7.0
+) -> np.ndarray:
     if name == "silu":
         return g / (1.0 + np.exp(-g)) * u
     if name == "gelu":

@@ -33,7 +33,9 @@ def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> int:
     return v
 
 
-def _check_array(name: str, a: object, shape: tuple[int, ...], kind: str, writeable: bool = False) -> np.ndarray:
+def _check_array(
+    name: str, a: object, shape: tuple[int, ...], kind: str, writeable: bool = False
+) -> np.ndarray:
     if not isinstance(a, np.ndarray):
         raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}")
     ok = {"bf16": _is_bf16(a.dtype), "int32": a.dtype == np.int32, "float32": a.dtype == np.float32}[kind]
@@ -126,7 +128,9 @@ class MoeExecutor:
         if not isinstance(weight_format, str):
             raise TypeError(f"weight_format must be a str, got {type(weight_format).__name__}")
         if activation not in ACTIVATIONS:
-            raise ValueError(f"activation={activation!r} is unknown; expected one of {', '.join(ACTIVATIONS)}")
+            raise ValueError(
+                f"activation={activation!r} is unknown; expected one of {', '.join(ACTIVATIONS)}"
+            )
         if not isinstance(banks, Mapping):
             raise TypeError(f"banks must be a mapping of name -> array, got {type(banks).__name__}")
         opts: dict[str, float] = {}
@@ -151,10 +155,18 @@ class MoeExecutor:
                 native_banks[name] = (int(bank[0]), int(bank[1]), "")
             else:
                 raise TypeError(
-                    f"banks[{name!r}] must be a numpy array or an (address, nbytes) tuple, got {type(bank).__name__}"
+                    f"banks[{name!r}] must be a numpy array or an (address, nbytes) tuple, "
+                    f"got {type(bank).__name__}"
                 )
         self._native.add_layer(
-            layer, weight_format, num_experts, intermediate, activation, native_banks, opts, bool(router_weight_on_input)
+            layer,
+            weight_format,
+            num_experts,
+            intermediate,
+            activation,
+            native_banks,
+            opts,
+            bool(router_weight_on_input),
         )
         self._banks[layer] = keep
         self._experts[layer] = num_experts
@@ -165,7 +177,7 @@ class MoeExecutor:
         if not isinstance(x, np.ndarray) or x.ndim != 2:
             raise ValueError(f"x must be a 2-D numpy array [num_tokens, {self.hidden}]")
         T = x.shape[0]
-        if T > self.max_tokens:
+        if self.max_tokens < T:
             raise ValueError(f"x has {T} tokens; this executor takes at most max_tokens={self.max_tokens}")
         _check_array("x", x, (T, self.hidden), "bf16")
         _check_array("ids", ids, (T, self.top_k), "int32")
@@ -211,7 +223,9 @@ class MoeExecutor:
         if not isinstance(ids_seq, np.ndarray) or ids_seq.ndim != 3:
             raise ValueError("ids_seq must be a 3-D array [count, num_tokens, top_k]")
         count = ids_seq.shape[0]
-        T = self._check_task(layer, x, ids_seq[0], weights_seq[0] if isinstance(weights_seq, np.ndarray) else None)
+        T = self._check_task(
+            layer, x, ids_seq[0], weights_seq[0] if isinstance(weights_seq, np.ndarray) else None
+        )
         _check_array("ids_seq", ids_seq, (count, T, self.top_k), "int32")
         _check_array("weights_seq", weights_seq, (count, T, self.top_k), "float32")
         if np.any(ids_seq >= self._experts[layer]):

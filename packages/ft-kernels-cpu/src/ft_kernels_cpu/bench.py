@@ -67,26 +67,39 @@ BENCH_FORMATS: dict[str, BenchFormat] = {
 }
 
 
-def bench_format(fmt: str, shape_name: str, threads: int, batch: int, samples: int, min_time: float,
-                 isa: str | None, log: Callable[[str], None]) -> dict:
+def bench_format(
+    fmt: str,
+    shape_name: str,
+    threads: int,
+    batch: int,
+    samples: int,
+    min_time: float,
+    isa: str | None,
+    log: Callable[[str], None],
+) -> dict:
     shape = get_shape(shape_name)
     if fmt not in BENCH_FORMATS:
-        raise ValueError(f"--format {fmt!r} has no benchmark banks; expected one of {', '.join(BENCH_FORMATS)}")
+        raise ValueError(
+            f"--format {fmt!r} has no benchmark banks; expected one of {', '.join(BENCH_FORMATS)}"
+        )
     rng = np.random.default_rng(0)
     llc = last_level_cache_bytes()
     expert_bytes = BENCH_FORMATS[fmt].expert_bytes(shape)
     # Enough experts that a rotation reads 8x the last-level cache (at least 1 GiB) and never fewer
     # than two steps' worth: an expert is back in a step only after all the others were read.
     pool = max(2 * shape.top_k * batch, -(-max(8 * llc, 1 << 30) // expert_bytes))
-    log(f"# {fmt} {shape_name}: hidden={shape.hidden} intermediate={shape.intermediate} top_k={shape.top_k} "
-        f"batch={batch}, {pool} experts ({pool * expert_bytes / 2**30:.2f} GiB, LLC {llc / 2**20:.0f} MiB)")
+    log(
+        f"# {fmt} {shape_name}: hidden={shape.hidden} intermediate={shape.intermediate} top_k={shape.top_k} "
+        f"batch={batch}, {pool} experts ({pool * expert_bytes / 2**30:.2f} GiB, LLC {llc / 2**20:.0f} MiB)"
+    )
     t0 = time.perf_counter()
     banks = BENCH_FORMATS[fmt].banks(shape, pool, rng)
     log(f"# banks built in {time.perf_counter() - t0:.1f} s")
 
     ex = fk.MoeExecutor(shape.hidden, shape.top_k, max_tokens=batch, num_threads=threads, isa=isa)
-    ex.add_layer(0, fmt, num_experts=pool, intermediate=shape.intermediate, banks=banks,
-                 activation=shape.activation)
+    ex.add_layer(
+        0, fmt, num_experts=pool, intermediate=shape.intermediate, banks=banks, activation=shape.activation
+    )
     x = _random_bf16_bits(rng, (batch, shape.hidden))
 
     # Routing: each token takes top_k distinct experts; steps walk the pool so that an expert comes
@@ -100,7 +113,7 @@ def bench_format(fmt: str, shape_name: str, threads: int, batch: int, samples: i
             if pos + shape.top_k > pool:
                 order = rng.permutation(pool)
                 pos = 0
-            ids[s, t] = order[pos:pos + shape.top_k]
+            ids[s, t] = order[pos : pos + shape.top_k]
             pos += shape.top_k
     weights = rng.random((steps, batch, shape.top_k), dtype=np.float32)
     step_bytes = np.array([len(np.unique(ids[s])) * expert_bytes for s in range(steps)])
@@ -124,8 +137,10 @@ def bench_format(fmt: str, shape_name: str, threads: int, batch: int, samples: i
         gbs = step_bytes[sl].sum() / secs / 1e9
         ceiling = 0.5 * (bw_before + bw_after)
         rows.append((gbs, ceiling, gbs / ceiling, secs / count * 1e6))
-        log(f"  sample {i}: {gbs:7.1f} GB/s   read {ceiling:7.1f} GB/s   ratio {gbs / ceiling:5.3f}   "
-            f"{secs / count * 1e6:8.1f} us/step")
+        log(
+            f"  sample {i}: {gbs:7.1f} GB/s   read {ceiling:7.1f} GB/s   ratio {gbs / ceiling:5.3f}   "
+            f"{secs / count * 1e6:8.1f} us/step"
+        )
         bw_before = bw_after
         start += count
 
@@ -165,10 +180,16 @@ def _cpu_name() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ft_kernels_cpu.bench", description=__doc__.split("\n")[0])
-    p.add_argument("--format", default="bf16", help=f"weight format or 'all' (formats: {', '.join(fk.weight_formats())})")
+    p.add_argument(
+        "--format", default="bf16", help=f"weight format or 'all' (formats: {', '.join(fk.weight_formats())})"
+    )
     p.add_argument("--shape", default="qwen3-30b-a3b", help=f"shape preset: {', '.join(SHAPES)}")
-    p.add_argument("--threads", type=int, default=None,
-                   help="worker threads incl. the caller (default: all physical cores, %(default)s)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="worker threads incl. the caller (default: all physical cores, %(default)s)",
+    )
     p.add_argument("--batch", type=int, default=1, help="tokens per step (default 1)")
     p.add_argument("--samples", type=int, default=7, help="timed rows, each between two bandwidth samples")
     p.add_argument("--min-time", type=float, default=0.25, help="seconds per timed row (default 0.25)")
@@ -194,11 +215,15 @@ def main(argv: list[str] | None = None) -> int:
     log = lambda s: print(s, file=sys.stderr if a.json else sys.stdout, flush=True)  # noqa: E731
     results = [bench_format(f, a.shape, threads, a.batch, a.samples, a.min_time, a.isa, log) for f in formats]
     log("")
-    log(f"{'format':<10} {'shape':<16} {'thr':>4} {'batch':>5} {'isa':<12} {'GB/s':>8} {'read GB/s':>10} "
-        f"{'ratio':>6} {'us/token':>9}")
+    log(
+        f"{'format':<10} {'shape':<16} {'thr':>4} {'batch':>5} {'isa':<12} {'GB/s':>8} {'read GB/s':>10} "
+        f"{'ratio':>6} {'us/token':>9}"
+    )
     for r in results:
-        log(f"{r['format']:<10} {r['shape']:<16} {r['threads']:>4} {r['batch']:>5} {r['isa']:<12} {r['gbs']:>8.1f} "
-            f"{r['read_gbs']:>10.1f} {r['ratio']:>6.3f} {r['us_per_token']:>9.1f}")
+        log(
+            f"{r['format']:<10} {r['shape']:<16} {r['threads']:>4} {r['batch']:>5} {r['isa']:<12} "
+            f"{r['gbs']:>8.1f} {r['read_gbs']:>10.1f} {r['ratio']:>6.3f} {r['us_per_token']:>9.1f}"
+        )
     if a.json:
         for r in results:
             print(json.dumps(r), flush=True)

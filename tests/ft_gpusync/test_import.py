@@ -1,0 +1,20 @@
+import importlib.metadata
+import subprocess
+import sys
+
+import ft_gpusync
+
+
+def test_version_matches_installed_metadata():
+    assert ft_gpusync.__version__ == importlib.metadata.version("ft-gpusync")
+
+
+def test_has_no_public_api_yet():
+    assert ft_gpusync.__all__ == []
+
+
+def test_import_does_not_pull_in_torch():
+    # A fresh interpreter: this pytest process may already hold torch for other tests.
+    code = "import sys, ft_gpusync; print(sorted(m for m in ('torch', 'triton') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
