@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 
 namespace ft {
 
@@ -107,6 +108,29 @@ static int default_threads() {
   return std::max(1, cores - 1);
 }
 
+// Software prefetch distance of the weight streams. The hardware prefetchers restart at every 4 KiB
+// page; a prefetch this far ahead keeps the next page's lines in flight.
+constexpr int kDefaultPrefetch = 1024;
+
+static int resolve_prefetch(int requested) {
+  const char* what = "prefetch_bytes";
+  long v = requested;
+  if (requested < 0) {
+    const char* env = std::getenv("FT_CPU_MOE_PREFETCH");
+    if (env == nullptr || *env == '\0') return kDefaultPrefetch;
+    what = "FT_CPU_MOE_PREFETCH";
+    char* end = nullptr;
+    v = std::strtol(env, &end, 10);
+    if (end == env || *end != '\0') {
+      throw Error(std::string(what) + "='" + env + "' is not an integer number of bytes in [0, 65536]");
+    }
+  }
+  if (v < 0 || v > 65536 || v % 64 != 0) {
+    throw Error(std::string(what) + "=" + std::to_string(v) + " must be a multiple of 64 in [0, 65536]");
+  }
+  return static_cast<int>(v);
+}
+
 static int checked_threads(int num_threads) {
   if (num_threads == 0) return default_threads();
   if (num_threads < 0 || num_threads > 1024) {
@@ -115,9 +139,10 @@ static int checked_threads(int num_threads) {
   return num_threads;
 }
 
-MoeExecutor::MoeExecutor(int hidden, int top_k, int max_tokens, int num_threads, const std::string& isa)
+MoeExecutor::MoeExecutor(int hidden, int top_k, int max_tokens, int num_threads, const std::string& isa,
+                         int prefetch_bytes)
     : hidden_(hidden), top_k_(top_k), max_tokens_(max_tokens), isa_(resolve_isa(isa)),
-      pool_(checked_threads(num_threads)), job_(std::make_unique<MoeJob>()) {
+      prefetch_(resolve_prefetch(prefetch_bytes)), pool_(checked_threads(num_threads)), job_(std::make_unique<MoeJob>()) {
   if (hidden <= 0) throw Error("hidden must be > 0, got " + std::to_string(hidden));
   if (top_k <= 0 || top_k > kMaxTopK) {
     throw Error("top_k must be in [1, " + std::to_string(kMaxTopK) + "], got " + std::to_string(top_k));
@@ -159,6 +184,7 @@ void MoeExecutor::add_layer(int layer, const std::string& format, int num_expert
   L.params.top_k = top_k_;
   L.params.isa = isa_;
   L.params.router_weight_on_input = router_weight_on_input;
+  L.params.prefetch = prefetch_;
   FormatArgs args("layer " + std::to_string(layer) + " (" + format + ")", std::move(banks), std::move(options));
   L.act.kind = activation_from_name(activation);
   if (L.act.kind == Activation::swigluoai) {

@@ -24,7 +24,8 @@ struct MoeJob;
 
 class MoeExecutor {
  public:
-  MoeExecutor(int hidden, int top_k, int max_tokens, int num_threads, const std::string& isa);
+  // prefetch_bytes < 0: $FT_CPU_MOE_PREFETCH, else the default (kDefaultPrefetch).
+  MoeExecutor(int hidden, int top_k, int max_tokens, int num_threads, const std::string& isa, int prefetch_bytes);
   ~MoeExecutor();
 
   void add_layer(int layer, const std::string& format, int num_experts, int intermediate,
@@ -46,6 +47,7 @@ class MoeExecutor {
   int max_tokens() const { return max_tokens_; }
   int num_threads() const { return pool_.num_threads(); }
   Isa isa() const { return isa_; }
+  int prefetch_bytes() const { return prefetch_; }
   std::vector<int> layers() const;
   std::string layer_format(int layer) const;
 
@@ -61,6 +63,7 @@ class MoeExecutor {
 
   int hidden_, top_k_, max_tokens_;
   Isa isa_;
+  int prefetch_;
   WorkerPool pool_;
   std::map<int, Layer> layers_;
   std::unique_ptr<MoeJob> job_;

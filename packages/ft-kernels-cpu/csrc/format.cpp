@@ -1,6 +1,6 @@
 #include "format.h"
 
-#include <sstream>
+#include <string>
 
 namespace ft {
 
@@ -55,15 +55,9 @@ static bool dtype_accepts(DType dtype, const std::string& np) {
 }
 
 static std::string shape_str(std::initializer_list<long long> dims, DType dtype) {
-  std::ostringstream s;
-  s << '[';
-  bool first = true;
-  for (long long d : dims) {
-    s << (first ? "" : ", ") << d;
-    first = false;
-  }
-  s << "] " << dtype_name(dtype);
-  return s.str();
+  std::string s = "[";
+  for (long long d : dims) s += (s.size() > 1 ? ", " : "") + std::to_string(d);
+  return s + "] " + dtype_name(dtype);
 }
 
 const void* FormatArgs::optional_bank(const std::string& name, std::initializer_list<long long> dims, DType dtype) {

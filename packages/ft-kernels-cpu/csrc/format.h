@@ -58,6 +58,7 @@ struct MoeParams {
   int top_k = 0;
   Isa isa = Isa::scalar;
   bool router_weight_on_input = false;
+  int prefetch = 0;  // software prefetch distance of weight streams, bytes (0: hardware prefetch only)
 };
 
 // The task's hidden states as the executor prepared them before pass 1.

@@ -54,8 +54,8 @@ PYBIND11_MODULE(_ft_kernels_cpu, m) {
   m.def("physical_cores", [] { return static_cast<int>(ft::physical_core_cpus().size()); });
 
   py::class_<MoeExecutor>(m, "_Executor")
-      .def(py::init<int, int, int, int, const std::string&>(), py::arg("hidden"), py::arg("top_k"),
-           py::arg("max_tokens"), py::arg("num_threads"), py::arg("isa"))
+      .def(py::init<int, int, int, int, const std::string&, int>(), py::arg("hidden"), py::arg("top_k"),
+           py::arg("max_tokens"), py::arg("num_threads"), py::arg("isa"), py::arg("prefetch_bytes"))
       .def(
           "add_layer",
           [](MoeExecutor& ex, int layer, const std::string& fmt, int num_experts, int intermediate,
@@ -126,6 +126,7 @@ PYBIND11_MODULE(_ft_kernels_cpu, m) {
       .def_property_readonly("top_k", &MoeExecutor::top_k)
       .def_property_readonly("max_tokens", &MoeExecutor::max_tokens)
       .def_property_readonly("num_threads", &MoeExecutor::num_threads)
+      .def_property_readonly("prefetch_bytes", &MoeExecutor::prefetch_bytes)
       .def_property_readonly("isa", [](const MoeExecutor& ex) { return std::string(ft::isa_name(ex.isa())); });
 
   // Calls an executor the way other native code does: through its capsule and the C ABI only.

@@ -1,11 +1,13 @@
 #include "worker_pool.h"
 
+#include <fcntl.h>
 #include <pthread.h>
+#include <unistd.h>
 #include <sched.h>
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
+#include <cstdlib>
 #include <set>
 #include <string>
 #include <utility>
@@ -29,9 +31,20 @@ inline void cpu_relax() {
 // requests.
 constexpr auto kSpin = std::chrono::microseconds(200);
 
+// Plain POSIX reads: iostreams crashed in one torch venv whose libstdc++ differs from the compiler's.
 bool read_int_file(const std::string& path, int* out) {
-  std::ifstream f(path);
-  return static_cast<bool>(f >> *out);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[32];
+  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  if (n <= 0) return false;
+  buf[n] = '\0';
+  char* end = nullptr;
+  const long v = std::strtol(buf, &end, 10);
+  if (end == buf) return false;
+  *out = static_cast<int>(v);
+  return true;
 }
 
 }  // namespace

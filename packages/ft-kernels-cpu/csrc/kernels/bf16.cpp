@@ -14,6 +14,17 @@ namespace ft {
 
 namespace {
 
+// Software prefetch `pf` bytes ahead of the weight stream. Rows of a block are contiguous, so the
+// address ahead is the next row (or the next block) of the same matrix; a prefetch past the end of
+// a bank is harmless (prefetches never fault).
+inline void prefetch_line(const uint16_t* p, int pf) {
+#if FT_X86
+  _mm_prefetch(reinterpret_cast<const char*>(p) + pf, _MM_HINT_T0);
+#else
+  __builtin_prefetch(reinterpret_cast<const char*>(p) + pf);
+#endif
+}
+
 void dot_rows_scalar(const uint16_t* W, size_t ld, int nrows, const float* x, int K, float* out) {
   for (int r = 0; r < nrows; ++r) {
     const uint16_t* w = W + r * ld;
@@ -40,10 +51,11 @@ FT_TARGET_AVX2 inline float hsum8(__m256 v) {
 // One row at a time: the weights stream through memory strictly in address order, which is what the
 // hardware prefetchers follow best (interleaving 4 rows ran at half the DRAM bandwidth on Zen 5).
 // Independent accumulators hide the FMA latency.
-FT_TARGET_AVX2 float dot_row_avx2(const uint16_t* w, const float* x, int K) {
+FT_TARGET_AVX2 float dot_row_avx2(const uint16_t* w, const float* x, int K, int pf) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   int k = 0;
   for (; k + 32 <= K; k += 32) {
+    if (pf) prefetch_line(w + k, pf);
     a0 = _mm256_fmadd_ps(load8_bf16(w + k), _mm256_loadu_ps(x + k), a0);
     a1 = _mm256_fmadd_ps(load8_bf16(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
     a2 = _mm256_fmadd_ps(load8_bf16(w + k + 16), _mm256_loadu_ps(x + k + 16), a2);
@@ -55,8 +67,9 @@ FT_TARGET_AVX2 float dot_row_avx2(const uint16_t* w, const float* x, int K) {
   return s;
 }
 
-FT_TARGET_AVX2 void dot_rows_avx2(const uint16_t* W, size_t ld, int nrows, const float* x, int K, float* out) {
-  for (int r = 0; r < nrows; ++r) out[r] = dot_row_avx2(W + r * ld, x, K);
+FT_TARGET_AVX2 void dot_rows_avx2(const uint16_t* W, size_t ld, int nrows, const float* x, int K, float* out,
+                                  int pf) {
+  for (int r = 0; r < nrows; ++r) out[r] = dot_row_avx2(W + r * ld, x, K, pf);
 }
 
 FT_TARGET_AVX512 inline __m512 load16_bf16(const uint16_t* p) {
@@ -64,10 +77,14 @@ FT_TARGET_AVX512 inline __m512 load16_bf16(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
-FT_TARGET_AVX512 float dot_row_avx512(const uint16_t* w, const float* x, int K) {
+FT_TARGET_AVX512 float dot_row_avx512(const uint16_t* w, const float* x, int K, int pf) {
   __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   int k = 0;
   for (; k + 64 <= K; k += 64) {
+    if (pf) {
+      prefetch_line(w + k, pf);
+      prefetch_line(w + k + 32, pf);
+    }
     a0 = _mm512_fmadd_ps(load16_bf16(w + k), _mm512_loadu_ps(x + k), a0);
     a1 = _mm512_fmadd_ps(load16_bf16(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
     a2 = _mm512_fmadd_ps(load16_bf16(w + k + 32), _mm512_loadu_ps(x + k + 32), a2);
@@ -83,15 +100,20 @@ FT_TARGET_AVX512 float dot_row_avx512(const uint16_t* w, const float* x, int K) 
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 }
 
-FT_TARGET_AVX512 void dot_rows_avx512(const uint16_t* W, size_t ld, int nrows, const float* x, int K, float* out) {
-  for (int r = 0; r < nrows; ++r) out[r] = dot_row_avx512(W + r * ld, x, K);
+FT_TARGET_AVX512 void dot_rows_avx512(const uint16_t* W, size_t ld, int nrows, const float* x, int K, float* out,
+                                     int pf) {
+  for (int r = 0; r < nrows; ++r) out[r] = dot_row_avx512(W + r * ld, x, K, pf);
 }
 
 // VDPBF16PS multiplies bf16 pairs and accumulates in fp32: no widening of the weights at all.
-FT_TARGET_AVX512_BF16 float dot_row_bf16x(const uint16_t* w, const uint16_t* x, int K) {
+FT_TARGET_AVX512_BF16 float dot_row_bf16x(const uint16_t* w, const uint16_t* x, int K, int pf) {
   __m512 a0 = _mm512_setzero_ps(), a1 = a0;
   int k = 0;
   for (; k + 64 <= K; k += 64) {
+    if (pf) {
+      prefetch_line(w + k, pf);
+      prefetch_line(w + k + 32, pf);
+    }
     a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w + k), (__m512bh)_mm512_loadu_si512(x + k));
     a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w + k + 32), (__m512bh)_mm512_loadu_si512(x + k + 32));
   }
@@ -121,11 +143,11 @@ class Bf16Format final : public MoeFormat {
     const uint16_t* base = w13_ + static_cast<size_t>(e) * 2 * I * H;
     const int n = i1 - i0;
     if (use_bf16_dot()) {
-      bf16_dot_rows_bf16(base + i0 * H, H, n, in.x_bf16 + t * H, H, gate);
-      bf16_dot_rows_bf16(base + (I + i0) * H, H, n, in.x_bf16 + t * H, H, up);
+      bf16_dot_rows_bf16(base + i0 * H, H, n, in.x_bf16 + t * H, H, gate, p_.prefetch);
+      bf16_dot_rows_bf16(base + (I + i0) * H, H, n, in.x_bf16 + t * H, H, up, p_.prefetch);
     } else {
-      bf16_dot_rows_f32(p_.isa, base + i0 * H, H, n, in.x_f32 + t * H, H, gate);
-      bf16_dot_rows_f32(p_.isa, base + (I + i0) * H, H, n, in.x_f32 + t * H, H, up);
+      bf16_dot_rows_f32(p_.isa, base + i0 * H, H, n, in.x_f32 + t * H, H, gate, p_.prefetch);
+      bf16_dot_rows_f32(p_.isa, base + (I + i0) * H, H, n, in.x_f32 + t * H, H, up, p_.prefetch);
     }
     const float* bg = b13_ ? b13_ + static_cast<size_t>(e) * 2 * I + i0 : nullptr;
     for (int i = 0; i < n; ++i) {
@@ -150,9 +172,9 @@ class Bf16Format final : public MoeFormat {
       const RouteRef& rt = routes[r];
       const uint16_t* w = w2_ + static_cast<size_t>(rt.expert) * H * I + static_cast<size_t>(h0) * I;
       if (use_bf16_dot()) {
-        bf16_dot_rows_bf16(w, I, rows, static_cast<const uint16_t*>(rt.h_prepped), I, tmp);
+        bf16_dot_rows_bf16(w, I, rows, static_cast<const uint16_t*>(rt.h_prepped), I, tmp, p_.prefetch);
       } else {
-        bf16_dot_rows_f32(p_.isa, w, I, rows, rt.h, I, tmp);
+        bf16_dot_rows_f32(p_.isa, w, I, rows, rt.h, I, tmp, p_.prefetch);
       }
       const float* b = b2_ ? b2_ + static_cast<size_t>(rt.expert) * H + h0 : nullptr;
       for (int j = 0; j < rows; ++j) out[j] += rt.weight * (tmp[j] + (b ? b[j] : 0.f));
@@ -174,15 +196,16 @@ class Bf16Format final : public MoeFormat {
 
 }  // namespace
 
-void bf16_dot_rows_f32(Isa isa, const uint16_t* W, size_t ld, int nrows, const float* x, int K, float* out) {
+void bf16_dot_rows_f32(Isa isa, const uint16_t* W, size_t ld, int nrows, const float* x, int K, float* out,
+                       int prefetch) {
 #if FT_X86
   switch (isa) {
     case Isa::avx512_bf16:
     case Isa::avx512:
-      dot_rows_avx512(W, ld, nrows, x, K, out);
+      dot_rows_avx512(W, ld, nrows, x, K, out, prefetch);
       return;
     case Isa::avx2:
-      dot_rows_avx2(W, ld, nrows, x, K, out);
+      dot_rows_avx2(W, ld, nrows, x, K, out, prefetch);
       return;
     case Isa::scalar:
       break;
@@ -190,14 +213,16 @@ void bf16_dot_rows_f32(Isa isa, const uint16_t* W, size_t ld, int nrows, const f
 #else
   (void)isa;
 #endif
+  (void)prefetch;
   dot_rows_scalar(W, ld, nrows, x, K, out);
 }
 
-void bf16_dot_rows_bf16(const uint16_t* W, size_t ld, int nrows, const uint16_t* x, int K, float* out) {
+void bf16_dot_rows_bf16(const uint16_t* W, size_t ld, int nrows, const uint16_t* x, int K, float* out,
+                        int prefetch) {
 #if FT_X86
-  for (int r = 0; r < nrows; ++r) out[r] = dot_row_bf16x(W + r * ld, x, K);
+  for (int r = 0; r < nrows; ++r) out[r] = dot_row_bf16x(W + r * ld, x, K, prefetch);
 #else
-  (void)W, (void)ld, (void)nrows, (void)x, (void)K, (void)out;
+  (void)W, (void)ld, (void)nrows, (void)x, (void)K, (void)out, (void)prefetch;
   throw Error("bf16_dot_rows_bf16 needs x86 AVX512-BF16");
 #endif
 }

@@ -8,10 +8,13 @@
 
 namespace ft {
 
-// out[r] = sum_k bf16(W[r * ld + k]) * x[k] for r in [0, nrows), fp32 accumulation.
-void bf16_dot_rows_f32(Isa isa, const uint16_t* W, size_t ld, int nrows, const float* x, int K, float* out);
+// out[r] = sum_k bf16(W[r * ld + k]) * x[k] for r in [0, nrows), fp32 accumulation; the weights are
+// software-prefetched `prefetch` bytes ahead (0: off).
+void bf16_dot_rows_f32(Isa isa, const uint16_t* W, size_t ld, int nrows, const float* x, int K, float* out,
+                       int prefetch);
 
 // Same with a bf16 vector, using the AVX512-BF16 dot-product instruction (tier avx512_bf16 only).
-void bf16_dot_rows_bf16(const uint16_t* W, size_t ld, int nrows, const uint16_t* x, int K, float* out);
+void bf16_dot_rows_bf16(const uint16_t* W, size_t ld, int nrows, const uint16_t* x, int K, float* out,
+                        int prefetch);
 
 }  // namespace ft

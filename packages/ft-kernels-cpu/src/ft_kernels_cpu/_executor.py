@@ -62,6 +62,8 @@ class MoeExecutor:
             available minus one, leaving a core to the thread that drives the GPU.
         isa: ISA tier ("scalar", "avx2", "avx512", "avx512_bf16"); None uses ``$FT_CPU_MOE_ISA`` or
             the best tier of the CPU. A tier the CPU lacks raises.
+        prefetch_bytes: software prefetch distance of the weight streams (a multiple of 64 in
+            [0, 65536], 0 = hardware prefetch only); None uses ``$FT_CPU_MOE_PREFETCH`` or 1024.
 
     Threading: ``run`` releases the GIL and blocks; concurrent runs on one executor are serialised.
     """
@@ -73,6 +75,7 @@ class MoeExecutor:
         max_tokens: int,
         num_threads: int | None = None,
         isa: str | None = None,
+        prefetch_bytes: int | None = None,
     ) -> None:
         hidden = _check_int("hidden", hidden, 1)
         top_k = _check_int("top_k", top_k, 1, MAX_TOP_K)
@@ -80,7 +83,8 @@ class MoeExecutor:
         threads = 0 if num_threads is None else _check_int("num_threads", num_threads, 1, 1024)
         if isa is not None and not isinstance(isa, str):
             raise TypeError(f"isa must be a str or None, got {type(isa).__name__}")
-        self._native = native._Executor(hidden, top_k, max_tokens, threads, isa or "")
+        prefetch = -1 if prefetch_bytes is None else _check_int("prefetch_bytes", prefetch_bytes, 0, 65536)
+        self._native = native._Executor(hidden, top_k, max_tokens, threads, isa or "", prefetch)
         self._banks: dict[int, list[object]] = {}
         self._experts: dict[int, int] = {}
 
@@ -89,6 +93,7 @@ class MoeExecutor:
     max_tokens = property(lambda self: self._native.max_tokens)
     num_threads = property(lambda self: self._native.num_threads, doc="worker threads, the caller included")
     isa = property(lambda self: self._native.isa, doc="ISA tier the kernels run")
+    prefetch_bytes = property(lambda self: self._native.prefetch_bytes, doc="software prefetch distance")
 
     @property
     def layers(self) -> list[int]:

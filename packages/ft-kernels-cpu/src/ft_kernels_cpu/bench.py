@@ -76,6 +76,7 @@ def bench_format(
     min_time: float,
     isa: str | None,
     log: Callable[[str], None],
+    prefetch: int | None = None,
 ) -> dict:
     shape = get_shape(shape_name)
     if fmt not in BENCH_FORMATS:
@@ -96,7 +97,9 @@ def bench_format(
     banks = BENCH_FORMATS[fmt].banks(shape, pool, rng)
     log(f"# banks built in {time.perf_counter() - t0:.1f} s")
 
-    ex = fk.MoeExecutor(shape.hidden, shape.top_k, max_tokens=batch, num_threads=threads, isa=isa)
+    ex = fk.MoeExecutor(
+        shape.hidden, shape.top_k, max_tokens=batch, num_threads=threads, isa=isa, prefetch_bytes=prefetch
+    )
     ex.add_layer(
         0, fmt, num_experts=pool, intermediate=shape.intermediate, banks=banks, activation=shape.activation
     )
@@ -154,6 +157,7 @@ def bench_format(
         "threads": ex.num_threads,
         "batch": batch,
         "isa": ex.isa,
+        "prefetch": ex.prefetch_bytes,
         "gbs": round(gbs, 2),
         "read_gbs": round(read_gbs, 2),
         "ratio": round(statistics.median(r[2] for r in rows), 4),
@@ -194,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=7, help="timed rows, each between two bandwidth samples")
     p.add_argument("--min-time", type=float, default=0.25, help="seconds per timed row (default 0.25)")
     p.add_argument("--isa", default=None, help="ISA tier (default: best, or $FT_CPU_MOE_ISA)")
+    p.add_argument("--prefetch", type=int, default=None,
+                   help="software prefetch distance in bytes (default: $FT_CPU_MOE_PREFETCH or 1024)")
     p.add_argument("--json", action="store_true", help="end with one JSON line per format")
     a = p.parse_args(argv)
     if a.batch < 1:
@@ -213,7 +219,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(e))
 
     log = lambda s: print(s, file=sys.stderr if a.json else sys.stdout, flush=True)  # noqa: E731
-    results = [bench_format(f, a.shape, threads, a.batch, a.samples, a.min_time, a.isa, log) for f in formats]
+    results = [
+        bench_format(f, a.shape, threads, a.batch, a.samples, a.min_time, a.isa, log, a.prefetch) for f in formats
+    ]
     log("")
     log(
         f"{'format':<10} {'shape':<16} {'thr':>4} {'batch':>5} {'isa':<12} {'GB/s':>8} {'read GB/s':>10} "
