@@ -17,13 +17,29 @@ namespace {
 // Software prefetch `pf` bytes ahead of the weight stream. Rows of a block are contiguous, so the
 // address ahead is the next row (or the next block) of the same matrix; a prefetch past the end of
 // a bank is harmless (prefetches never fault).
-inline void prefetch_line(const uint16_t* p, int pf) {
+struct Prefetch {
+  const char* end;  // one past the last byte of the stream
+  int dist;         // bytes ahead; 0 disables
+
+  // Called once per 64-byte line read at `p`: fetch the line `dist` bytes ahead, within the stream.
+  void ahead(const uint16_t* p) const {
+    const char* q = reinterpret_cast<const char*>(p) + dist;
+    if (q < end) prefetch(q);
+  }
+  // At the start of a stream the hardware prefetchers have nothing to follow yet: ask for its first
+  // `dist` bytes at once.
+  void start(const uint16_t* p) const {
+    const char* q = reinterpret_cast<const char*>(p);
+    for (const char* e = std::min(end, q + dist); q < e; q += 64) prefetch(q);
+  }
+  static void prefetch(const char* q) {
 #if FT_X86
-  _mm_prefetch(reinterpret_cast<const char*>(p) + pf, _MM_HINT_T0);
+    _mm_prefetch(q, _MM_HINT_T0);
 #else
-  __builtin_prefetch(reinterpret_cast<const char*>(p) + pf);
+    __builtin_prefetch(q);
 #endif
-}
+  }
+};
 
 void dot_rows_scalar(const uint16_t* W, size_t ld, int nrows, const float* x, int K, float* out) {
   for (int r = 0; r < nrows; ++r) {
@@ -51,11 +67,11 @@ FT_TARGET_AVX2 inline float hsum8(__m256 v) {
 // One row at a time: the weights stream through memory strictly in address order, which is what the
 // hardware prefetchers follow best (interleaving 4 rows ran at half the DRAM bandwidth on Zen 5).
 // Independent accumulators hide the FMA latency.
-FT_TARGET_AVX2 float dot_row_avx2(const uint16_t* w, const float* x, int K, int pf) {
+FT_TARGET_AVX2 float dot_row_avx2(const uint16_t* w, const float* x, int K, const Prefetch& pf) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   int k = 0;
   for (; k + 32 <= K; k += 32) {
-    if (pf) prefetch_line(w + k, pf);
+    if (pf.dist) pf.ahead(w + k);
     a0 = _mm256_fmadd_ps(load8_bf16(w + k), _mm256_loadu_ps(x + k), a0);
     a1 = _mm256_fmadd_ps(load8_bf16(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
     a2 = _mm256_fmadd_ps(load8_bf16(w + k + 16), _mm256_loadu_ps(x + k + 16), a2);
@@ -68,7 +84,7 @@ FT_TARGET_AVX2 float dot_row_avx2(const uint16_t* w, const float* x, int K, int 
 }
 
 FT_TARGET_AVX2 void dot_rows_avx2(const uint16_t* W, size_t ld, int nrows, const float* x, int K, float* out,
-                                  int pf) {
+                                  const Prefetch& pf) {
   for (int r = 0; r < nrows; ++r) out[r] = dot_row_avx2(W + r * ld, x, K, pf);
 }
 
@@ -77,13 +93,13 @@ FT_TARGET_AVX512 inline __m512 load16_bf16(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
-FT_TARGET_AVX512 float dot_row_avx512(const uint16_t* w, const float* x, int K, int pf) {
+FT_TARGET_AVX512 float dot_row_avx512(const uint16_t* w, const float* x, int K, const Prefetch& pf) {
   __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   int k = 0;
   for (; k + 64 <= K; k += 64) {
-    if (pf) {
-      prefetch_line(w + k, pf);
-      prefetch_line(w + k + 32, pf);
+    if (pf.dist) {
+      pf.ahead(w + k);
+      pf.ahead(w + k + 32);
     }
     a0 = _mm512_fmadd_ps(load16_bf16(w + k), _mm512_loadu_ps(x + k), a0);
     a1 = _mm512_fmadd_ps(load16_bf16(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
@@ -101,18 +117,18 @@ FT_TARGET_AVX512 float dot_row_avx512(const uint16_t* w, const float* x, int K, 
 }
 
 FT_TARGET_AVX512 void dot_rows_avx512(const uint16_t* W, size_t ld, int nrows, const float* x, int K, float* out,
-                                     int pf) {
+                                     const Prefetch& pf) {
   for (int r = 0; r < nrows; ++r) out[r] = dot_row_avx512(W + r * ld, x, K, pf);
 }
 
 // VDPBF16PS multiplies bf16 pairs and accumulates in fp32: no widening of the weights at all.
-FT_TARGET_AVX512_BF16 float dot_row_bf16x(const uint16_t* w, const uint16_t* x, int K, int pf) {
+FT_TARGET_AVX512_BF16 float dot_row_bf16x(const uint16_t* w, const uint16_t* x, int K, const Prefetch& pf) {
   __m512 a0 = _mm512_setzero_ps(), a1 = a0;
   int k = 0;
   for (; k + 64 <= K; k += 64) {
-    if (pf) {
-      prefetch_line(w + k, pf);
-      prefetch_line(w + k + 32, pf);
+    if (pf.dist) {
+      pf.ahead(w + k);
+      pf.ahead(w + k + 32);
     }
     a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w + k), (__m512bh)_mm512_loadu_si512(x + k));
     a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w + k + 32), (__m512bh)_mm512_loadu_si512(x + k + 32));
@@ -194,18 +210,26 @@ class Bf16Format final : public MoeFormat {
   const float* b2_;
 };
 
+// The rows of one call are one stream (contiguous when ld == K).
+Prefetch stream_prefetch(const uint16_t* W, size_t ld, int nrows, int K, int dist) {
+  Prefetch pf{reinterpret_cast<const char*>(W + (nrows - 1) * ld + K), dist};
+  if (dist && nrows > 0) pf.start(W);
+  return pf;
+}
+
 }  // namespace
 
 void bf16_dot_rows_f32(Isa isa, const uint16_t* W, size_t ld, int nrows, const float* x, int K, float* out,
                        int prefetch) {
 #if FT_X86
+  const Prefetch pf = stream_prefetch(W, ld, nrows, K, prefetch);
   switch (isa) {
     case Isa::avx512_bf16:
     case Isa::avx512:
-      dot_rows_avx512(W, ld, nrows, x, K, out, prefetch);
+      dot_rows_avx512(W, ld, nrows, x, K, out, pf);
       return;
     case Isa::avx2:
-      dot_rows_avx2(W, ld, nrows, x, K, out, prefetch);
+      dot_rows_avx2(W, ld, nrows, x, K, out, pf);
       return;
     case Isa::scalar:
       break;
@@ -220,7 +244,8 @@ void bf16_dot_rows_f32(Isa isa, const uint16_t* W, size_t ld, int nrows, const f
 void bf16_dot_rows_bf16(const uint16_t* W, size_t ld, int nrows, const uint16_t* x, int K, float* out,
                         int prefetch) {
 #if FT_X86
-  for (int r = 0; r < nrows; ++r) out[r] = dot_row_bf16x(W + r * ld, x, K, prefetch);
+  const Prefetch pf = stream_prefetch(W, ld, nrows, K, prefetch);
+  for (int r = 0; r < nrows; ++r) out[r] = dot_row_bf16x(W + r * ld, x, K, pf);
 #else
   (void)W, (void)ld, (void)nrows, (void)x, (void)K, (void)out, (void)prefetch;
   throw Error("bf16_dot_rows_bf16 needs x86 AVX512-BF16");
