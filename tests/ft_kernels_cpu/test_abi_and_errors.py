@@ -238,3 +238,22 @@ def test_run_errors() -> None:
         ValueError, match=r"num_tokens=9 is out of range; this executor was built for max_tokens=4"
     ):
         ex.run_ptr(0, 9, x.ctypes.data, ids.ctypes.data, w.ctypes.data, x.ctypes.data)
+
+
+def test_prefetch_distance_never_changes_results(monkeypatch: pytest.MonkeyPatch) -> None:
+    x, ids, w = task()
+    runs = [small_executor(prefetch_bytes=pf).run(0, x, ids, w) for pf in (0, 64, 8192)]
+    outs = [y.view(np.uint16) for y in runs]
+
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+    monkeypatch.setenv("FT_CPU_MOE_PREFETCH", "4096")
+    assert small_executor().prefetch_bytes == 4096
+    monkeypatch.setenv("FT_CPU_MOE_PREFETCH", "lots")
+    with pytest.raises(ValueError, match=r"FT_CPU_MOE_PREFETCH='lots' is not an integer"):
+        small_executor()
+    monkeypatch.setenv("FT_CPU_MOE_PREFETCH", "100")
+    with pytest.raises(ValueError, match=r"FT_CPU_MOE_PREFETCH=100 must be a multiple of 64 in \[0, 65536\]"):
+        small_executor()
+    with pytest.raises(ValueError, match=r"prefetch_bytes must be \[0, 65536\], got 70000"):
+        small_executor(prefetch_bytes=70000)

@@ -41,6 +41,8 @@ const char* isa_name(Isa isa);
 Isa isa_from_name(const std::string& name, const char* what);
 // Highest tier the CPU and OS support (CPUID + XGETBV).
 Isa cpu_best_isa();
+// True on GenuineIntel CPUs (some tuning defaults differ by vendor, see executor.cpp).
+bool cpu_is_intel();
 // Tier to use: `requested` if not empty, else $FT_CPU_MOE_ISA if set, else the best one. A request
 // above what the CPU supports raises.
 Isa resolve_isa(const std::string& requested);

@@ -58,6 +58,16 @@ Isa cpu_best_isa() {
 #endif
 }
 
+bool cpu_is_intel() {
+#if FT_X86
+  unsigned a, b, c, d;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+  return b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;  // "Genu" "ineI" "ntel"
+#else
+  return false;
+#endif
+}
+
 Isa resolve_isa(const std::string& requested) {
   const Isa best = cpu_best_isa();
   std::string name = requested;

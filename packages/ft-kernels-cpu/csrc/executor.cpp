@@ -108,16 +108,18 @@ static int default_threads() {
   return std::max(1, cores - 1);
 }
 
-// Software prefetch distance of the weight streams. The hardware prefetchers restart at every 4 KiB
-// page; a prefetch this far ahead keeps the next page's lines in flight.
-constexpr int kDefaultPrefetch = 1024;
+// Software prefetch distance of the weight streams, by vendor, as measured with the bench
+// (docs/benchmarks.md). On the Xeon of the GPU machine the hardware prefetchers, which stop at every
+// 4 KiB page, left the kernels at 0.64-0.68 of the read bandwidth; 8 KiB ahead lifted them to
+// 0.85-0.89 (16 KiB: 0.85, 4 KiB: 0.85). On Zen 5 any software prefetch cost 5-10%.
+static int default_prefetch() { return cpu_is_intel() ? 8192 : 0; }
 
 static int resolve_prefetch(int requested) {
   const char* what = "prefetch_bytes";
   long v = requested;
   if (requested < 0) {
     const char* env = std::getenv("FT_CPU_MOE_PREFETCH");
-    if (env == nullptr || *env == '\0') return kDefaultPrefetch;
+    if (env == nullptr || *env == '\0') return default_prefetch();
     what = "FT_CPU_MOE_PREFETCH";
     char* end = nullptr;
     v = std::strtol(env, &end, 10);

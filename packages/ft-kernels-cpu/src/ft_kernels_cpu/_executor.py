@@ -63,7 +63,8 @@ class MoeExecutor:
         isa: ISA tier ("scalar", "avx2", "avx512", "avx512_bf16"); None uses ``$FT_CPU_MOE_ISA`` or
             the best tier of the CPU. A tier the CPU lacks raises.
         prefetch_bytes: software prefetch distance of the weight streams (a multiple of 64 in
-            [0, 65536], 0 = hardware prefetch only); None uses ``$FT_CPU_MOE_PREFETCH`` or 1024.
+            [0, 65536], 0 = hardware prefetch only); None uses ``$FT_CPU_MOE_PREFETCH``, else 8192
+            on Intel and 0 elsewhere.
 
     Threading: ``run`` releases the GIL and blocks; concurrent runs on one executor are serialised.
     """

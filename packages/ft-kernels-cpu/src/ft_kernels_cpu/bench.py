@@ -198,8 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=7, help="timed rows, each between two bandwidth samples")
     p.add_argument("--min-time", type=float, default=0.25, help="seconds per timed row (default 0.25)")
     p.add_argument("--isa", default=None, help="ISA tier (default: best, or $FT_CPU_MOE_ISA)")
-    p.add_argument("--prefetch", type=int, default=None,
-                   help="software prefetch distance in bytes (default: $FT_CPU_MOE_PREFETCH or 1024)")
+    p.add_argument(
+        "--prefetch",
+        type=int,
+        default=None,
+        help="software prefetch distance, bytes (default: $FT_CPU_MOE_PREFETCH, else 8192 on Intel, 0)",
+    )
     p.add_argument("--json", action="store_true", help="end with one JSON line per format")
     a = p.parse_args(argv)
     if a.batch < 1:
@@ -220,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
 
     log = lambda s: print(s, file=sys.stderr if a.json else sys.stdout, flush=True)  # noqa: E731
     results = [
-        bench_format(f, a.shape, threads, a.batch, a.samples, a.min_time, a.isa, log, a.prefetch) for f in formats
+        bench_format(f, a.shape, threads, a.batch, a.samples, a.min_time, a.isa, log, a.prefetch)
+        for f in formats
     ]
     log("")
     log(
