@@ -1,22 +1,39 @@
 #include "format.h"
 
+#include <algorithm>
+#include <cstdlib>
+
 #include <string>
 
 namespace ft {
 
-// Every weight format, once, by name.
-static const std::vector<FormatEntry> kFormats = {
-    {"bf16", &make_bf16_format},
-};
+// Every weight format, once, by name; filled by FT_REGISTER_FORMAT in kernels/<fmt>.cpp while the
+// module loads (a function-local static, so it exists before any registration runs).
+static std::vector<FormatEntry>& format_table() {
+  static std::vector<FormatEntry> table;
+  return table;
+}
 
-const std::vector<FormatEntry>& weight_formats() { return kFormats; }
+bool register_format(const char* name, FormatFactory make) {
+  for (const auto& f : format_table()) {
+    if (std::string(f.name) == name) std::abort();  // two kernels/*.cpp claim one name: a build bug
+  }
+  format_table().push_back({name, make});
+  return true;
+}
+
+std::vector<FormatEntry> weight_formats() {
+  std::vector<FormatEntry> out = format_table();
+  std::sort(out.begin(), out.end(), [](const FormatEntry& a, const FormatEntry& b) { return std::string(a.name) < b.name; });
+  return out;
+}
 
 std::unique_ptr<MoeFormat> make_format(const std::string& name, const MoeParams& params, FormatArgs& args) {
-  for (const auto& f : kFormats) {
+  for (const auto& f : format_table()) {
     if (name == f.name) return f.make(params, args);
   }
   std::string known;
-  for (const auto& f : kFormats) known += (known.empty() ? "" : ", ") + std::string(f.name);
+  for (const auto& f : weight_formats()) known += (known.empty() ? "" : ", ") + std::string(f.name);
   throw Error("weight_format='" + name + "' is unknown; expected one of " + known);
 }
 

@@ -2,7 +2,8 @@
 //
 // A format owns how one layer's expert weights are stored and multiplied. The executor owns
 // everything else: routes, the two passes, the activation, threads and scratch. Adding a format is
-// one file kernels/<fmt>.cpp plus one line in kFormats (format.cpp).
+// one file kernels/<fmt>.cpp that ends with FT_REGISTER_FORMAT("<fmt>", factory); nothing else
+// changes (CMake compiles every kernels/*.cpp).
 #pragma once
 
 #include <cstddef>
@@ -112,11 +113,15 @@ struct FormatEntry {
   FormatFactory make;
 };
 
-const std::vector<FormatEntry>& weight_formats();
+// Registered formats, sorted by name.
+std::vector<FormatEntry> weight_formats();
 std::unique_ptr<MoeFormat> make_format(const std::string& name, const MoeParams& params, FormatArgs& args);
 
-// Factories, one per kernels/<fmt>.cpp.
-std::unique_ptr<MoeFormat> make_bf16_format(const MoeParams& params, FormatArgs& args);
+// Called from static initialisers only (FT_REGISTER_FORMAT); a duplicate name aborts the load.
+bool register_format(const char* name, FormatFactory make);
+
+#define FT_REGISTER_FORMAT(name, factory) \
+  static const bool ft_format_registered_ = ::ft::register_format(name, factory)
 
 const char* dtype_name(DType dtype);
 size_t dtype_size(DType dtype);

@@ -252,8 +252,10 @@ void bf16_dot_rows_bf16(const uint16_t* W, size_t ld, int nrows, const uint16_t*
 #endif
 }
 
-std::unique_ptr<MoeFormat> make_bf16_format(const MoeParams& params, FormatArgs& args) {
+static std::unique_ptr<MoeFormat> make_bf16_format(const MoeParams& params, FormatArgs& args) {
   return std::make_unique<Bf16Format>(params, args);
 }
+
+FT_REGISTER_FORMAT("bf16", &make_bf16_format);
 
 }  // namespace ft

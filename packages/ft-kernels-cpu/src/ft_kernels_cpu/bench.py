@@ -19,12 +19,12 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from typing import NamedTuple
 
 import numpy as np
 
 import ft_kernels_cpu as fk
-from ft_kernels_cpu.shapes import SHAPES, MoeShape, get_shape
+from ft_kernels_cpu import bench_formats
+from ft_kernels_cpu.shapes import SHAPES, get_shape
 
 
 def last_level_cache_bytes() -> int:
@@ -45,28 +45,6 @@ def last_level_cache_bytes() -> int:
     return best or 64 << 20
 
 
-def _random_bf16_bits(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    """bf16 bit patterns of magnitude in [2^-7, 2^-6) with random sign and mantissa (no denormals)."""
-    bits = rng.integers(0, 1 << 16, size=shape, dtype=np.uint16)
-    return (bits & np.uint16(0x807F)) | np.uint16(0x3C00)
-
-
-class BenchFormat(NamedTuple):
-    expert_bytes: Callable[[MoeShape], int]
-    banks: Callable[[MoeShape, int, np.random.Generator], dict[str, np.ndarray]]
-
-
-def _bf16_banks(shape: MoeShape, experts: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    H, I = shape.hidden, shape.intermediate
-    return {"w13": _random_bf16_bits(rng, (experts, 2 * I, H)), "w2": _random_bf16_bits(rng, (experts, H, I))}
-
-
-# Synthetic banks per format. Issue #3 adds the quantized formats.
-BENCH_FORMATS: dict[str, BenchFormat] = {
-    "bf16": BenchFormat(lambda s: 3 * s.hidden * s.intermediate * 2, _bf16_banks),
-}
-
-
 def bench_format(
     fmt: str,
     shape_name: str,
@@ -79,13 +57,10 @@ def bench_format(
     prefetch: int | None = None,
 ) -> dict:
     shape = get_shape(shape_name)
-    if fmt not in BENCH_FORMATS:
-        raise ValueError(
-            f"--format {fmt!r} has no benchmark banks; expected one of {', '.join(BENCH_FORMATS)}"
-        )
+    bench_fmt = bench_formats.load(fmt)
     rng = np.random.default_rng(0)
     llc = last_level_cache_bytes()
-    expert_bytes = BENCH_FORMATS[fmt].expert_bytes(shape)
+    expert_bytes = bench_fmt.expert_bytes(shape)
     # Enough experts that a rotation reads 8x the last-level cache (at least 1 GiB) and never fewer
     # than two steps' worth: an expert is back in a step only after all the others were read.
     pool = max(2 * shape.top_k * batch, -(-max(8 * llc, 1 << 30) // expert_bytes))
@@ -94,16 +69,22 @@ def bench_format(
         f"batch={batch}, {pool} experts ({pool * expert_bytes / 2**30:.2f} GiB, LLC {llc / 2**20:.0f} MiB)"
     )
     t0 = time.perf_counter()
-    banks = BENCH_FORMATS[fmt].banks(shape, pool, rng)
+    banks = bench_fmt.banks(shape, pool, rng)
     log(f"# banks built in {time.perf_counter() - t0:.1f} s")
 
     ex = fk.MoeExecutor(
         shape.hidden, shape.top_k, max_tokens=batch, num_threads=threads, isa=isa, prefetch_bytes=prefetch
     )
     ex.add_layer(
-        0, fmt, num_experts=pool, intermediate=shape.intermediate, banks=banks, activation=shape.activation
+        0,
+        fmt,
+        num_experts=pool,
+        intermediate=shape.intermediate,
+        banks=banks,
+        activation=shape.activation,
+        options=getattr(bench_fmt, "OPTIONS", None),
     )
-    x = _random_bf16_bits(rng, (batch, shape.hidden))
+    x = bench_formats.random_bf16_bits(rng, (batch, shape.hidden))
 
     # Routing: each token takes top_k distinct experts; steps walk the pool so that an expert comes
     # back only after the whole pool (far more than the LLC) was read.
