@@ -55,6 +55,7 @@ def bench_format(
     isa: str | None,
     log: Callable[[str], None],
     prefetch: int | None = None,
+    routing: str = "distinct",
 ) -> dict:
     shape = get_shape(shape_name)
     bench_fmt = bench_formats.load(fmt)
@@ -87,13 +88,18 @@ def bench_format(
     x = bench_formats.random_bf16_bits(rng, (batch, shape.hidden))
 
     # Routing: each token takes top_k distinct experts; steps walk the pool so that an expert comes
-    # back only after the whole pool (far more than the LLC) was read.
+    # back only after the whole pool (far more than the LLC) was read. With routing="shared" every
+    # token of a step takes the same experts: the step reads top_k experts whatever the batch, which
+    # measures what the extra tokens cost on top of the weight stream.
     steps = 4096
     ids = np.empty((steps, batch, shape.top_k), dtype=np.int32)
     order = np.arange(pool)
     pos = 0
     for s in range(steps):
         for t in range(batch):
+            if routing == "shared" and t > 0:
+                ids[s, t] = ids[s, 0]
+                continue
             if pos + shape.top_k > pool:
                 order = rng.permutation(pool)
                 pos = 0
@@ -137,6 +143,7 @@ def bench_format(
         "shape": shape_name,
         "threads": ex.num_threads,
         "batch": batch,
+        "routing": routing,
         "isa": ex.isa,
         "prefetch": ex.prefetch_bytes,
         "gbs": round(gbs, 2),
@@ -176,6 +183,12 @@ def main(argv: list[str] | None = None) -> int:
         help="worker threads incl. the caller (default: all physical cores, %(default)s)",
     )
     p.add_argument("--batch", type=int, default=1, help="tokens per step (default 1)")
+    p.add_argument(
+        "--routing",
+        choices=("distinct", "shared"),
+        default="distinct",
+        help="distinct: every token of a step takes its own experts; shared: all take the same ones",
+    )
     p.add_argument("--samples", type=int, default=7, help="timed rows, each between two bandwidth samples")
     p.add_argument("--min-time", type=float, default=0.25, help="seconds per timed row (default 0.25)")
     p.add_argument("--isa", default=None, help="ISA tier (default: best, or $FT_CPU_MOE_ISA)")
@@ -205,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
 
     log = lambda s: print(s, file=sys.stderr if a.json else sys.stdout, flush=True)  # noqa: E731
     results = [
-        bench_format(f, a.shape, threads, a.batch, a.samples, a.min_time, a.isa, log, a.prefetch)
+        bench_format(f, a.shape, threads, a.batch, a.samples, a.min_time, a.isa, log, a.prefetch, a.routing)
         for f in formats
     ]
     log("")
