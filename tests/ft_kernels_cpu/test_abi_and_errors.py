@@ -86,11 +86,21 @@ def test_isa_env_lowers_the_tier(monkeypatch: pytest.MonkeyPatch) -> None:
 ALL_TIERS = ["scalar", "avx2", "avx512", "avx512_bf16"]
 
 
-@pytest.mark.parametrize("tier", [t for t in ALL_TIERS if t not in fk.isa_tiers()])
-def test_tier_the_cpu_lacks_is_refused(monkeypatch: pytest.MonkeyPatch, tier: str) -> None:
-    monkeypatch.setenv("FT_CPU_MOE_ISA", tier)
-    with pytest.raises(ValueError, match="asks for a tier this CPU lacks"):
-        fk.MoeExecutor(hidden=H, top_k=1, max_tokens=1)
+@pytest.mark.parametrize("best", ALL_TIERS)
+def test_a_request_can_only_lower_the_tier(monkeypatch: pytest.MonkeyPatch, best: str) -> None:
+    # The rule against every possible best tier, whatever this CPU has.
+    for requested in ALL_TIERS:
+        if ALL_TIERS.index(requested) <= ALL_TIERS.index(best):
+            assert native._resolve_isa_with_best(requested, best) == requested
+        else:
+            with pytest.raises(
+                ValueError, match=f"isa='{requested}' asks for a tier this CPU lacks; its best tier"
+            ):
+                native._resolve_isa_with_best(requested, best)
+    monkeypatch.delenv("FT_CPU_MOE_ISA", raising=False)
+    assert native._resolve_isa_with_best("", best) == best
+    monkeypatch.setenv("FT_CPU_MOE_ISA", "scalar")
+    assert native._resolve_isa_with_best("", best) == "scalar"
 
 
 def test_default_threads_leave_a_core_to_the_caller() -> None:

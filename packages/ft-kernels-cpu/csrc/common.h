@@ -46,6 +46,8 @@ bool cpu_is_intel();
 // Tier to use: `requested` if not empty, else $FT_CPU_MOE_ISA if set, else the best one. A request
 // above what the CPU supports raises.
 Isa resolve_isa(const std::string& requested);
+// The same rule against a given best tier (what resolve_isa uses; exposed for tests).
+Isa resolve_isa(const std::string& requested, Isa best);
 
 inline float bf16_to_f32(uint16_t v) {
   uint32_t bits = static_cast<uint32_t>(v) << 16;

@@ -68,8 +68,9 @@ bool cpu_is_intel() {
 #endif
 }
 
-Isa resolve_isa(const std::string& requested) {
-  const Isa best = cpu_best_isa();
+Isa resolve_isa(const std::string& requested) { return resolve_isa(requested, cpu_best_isa()); }
+
+Isa resolve_isa(const std::string& requested, Isa best) {
   std::string name = requested;
   const char* what = "isa";
   if (name.empty()) {

@@ -51,6 +51,9 @@ PYBIND11_MODULE(_ft_kernels_cpu, m) {
   });
   m.def("resolve_isa", [](const std::string& requested) { return std::string(ft::isa_name(ft::resolve_isa(requested))); },
         py::arg("requested") = "");
+  m.def("_resolve_isa_with_best", [](const std::string& requested, const std::string& best) {
+    return std::string(ft::isa_name(ft::resolve_isa(requested, ft::isa_from_name(best, "best"))));
+  });
   m.def("physical_cores", [] { return static_cast<int>(ft::physical_core_cpus().size()); });
 
   py::class_<MoeExecutor>(m, "_Executor")
