@@ -191,3 +191,19 @@ def test_isa_reporting() -> None:
     assert fk.isa_tiers()[0] == "scalar"
     assert "bf16" in fk.weight_formats() and fk.weight_formats() == sorted(fk.weight_formats())
     assert ml_dtypes.bfloat16 is BF16
+
+
+@pytest.mark.parametrize("isa", TIERS)
+def test_many_tokens_on_few_experts(isa: str) -> None:
+    # 8 tokens x 6 routes on 2 experts: the batched kernels take chunks of up to 8 routes per expert.
+    rng = np.random.default_rng(13)
+    E, H, I, top_k, T = 2, 136, 72, 6, 8
+    banks = make_layer(rng, E, H, I, bias=True)
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T, num_threads=2, isa=isa)
+    ex.add_layer(0, "bf16", num_experts=E, intermediate=I, banks=banks, activation="gelu")
+    x = rng.standard_normal((T, H)).astype(BF16)
+    ids = rng.integers(0, E, (T, top_k)).astype(np.int32)
+    ids[2, 3] = -1
+    w = rng.random((T, top_k)).astype(np.float32)
+    ref, scale = reference(banks, x, ids, w, I, "gelu")
+    assert_close_to_reference(ex.run(0, x, ids, w), ref, scale, isa)

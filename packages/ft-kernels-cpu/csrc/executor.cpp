@@ -48,32 +48,77 @@ struct MoeJob final : PoolJob {
   void pass1(int g, int b, float* s) {
     const MoeFormat& fmt = *layer->fmt;
     const int i0 = b * rows1, i1 = std::min(I, i0 + rows1), n = i1 - i0;
+    constexpr int kChunk = MoeFormat::kMaxTokensPerCall;
     float* gate = s;
-    float* up = s + kMaxBlockRows;
+    float* up = s + kChunk * kMaxBlockRows;
     const int e = group_expert[g];
-    for (int m = group_begin[g]; m < group_begin[g + 1]; ++m) {
-      const int route = members[m];
-      const int t = route / k;
-      const float scale = on_input ? weights[route] : 1.f;
-      fmt.gate_up(in, e, t, i0, i1, scale, gate, up);
-      float* h = inter + route * inter_stride;
-      apply_activation(layer->act, gate, up, n, h + i0);
-      if (prep) fmt.prep_inter(h, i0, i1, prep + route * prep_stride);
+    int tokens[kChunk];
+    float scales[kChunk];
+    for (int m0 = group_begin[g]; m0 < group_begin[g + 1]; m0 += kChunk) {
+      const int cnt = std::min(kChunk, group_begin[g + 1] - m0);
+      for (int j = 0; j < cnt; ++j) {
+        const int route = members[m0 + j];
+        tokens[j] = route / k;
+        scales[j] = on_input ? weights[route] : 1.f;
+      }
+      fmt.gate_up_tokens(in, e, tokens, scales, cnt, i0, i1, gate, up, kMaxBlockRows);
+      for (int j = 0; j < cnt; ++j) {
+        const int route = members[m0 + j];
+        float* h = inter + route * inter_stride;
+        apply_activation(layer->act, gate + j * kMaxBlockRows, up + j * kMaxBlockRows, n, h + i0);
+        if (prep) fmt.prep_inter(h, i0, i1, prep + route * prep_stride);
+      }
     }
+  }
+
+  RouteRef route_ref(int route) const {
+    return RouteRef{ids[route], on_input ? 1.f : weights[route], inter + route * inter_stride,
+                    prep ? prep + route * prep_stride : nullptr};
   }
 
   void pass2(int b, float* s) {
     const MoeFormat& fmt = *layer->fmt;
-    const int h0 = b * rows2, h1 = std::min(H, h0 + rows2);
+    const int h0 = b * rows2, h1 = std::min(H, h0 + rows2), rows = h1 - h0;
+    if (fmt.has_down_rows()) {
+      // Each expert's rows once for all of its routes, then each token's routes summed in order.
+      constexpr int kChunk = MoeFormat::kMaxTokensPerCall;
+      float* vals = s + kMaxBlockRows;  // [T * k][rows2], by route
+      RouteRef refs[kChunk];
+      for (size_t g = 0; g + 1 < group_begin.size(); ++g) {
+        for (int m0 = group_begin[g]; m0 < group_begin[g + 1]; m0 += kChunk) {
+          const int cnt = std::min(kChunk, group_begin[g + 1] - m0);
+          for (int j = 0; j < cnt; ++j) refs[j] = route_ref(members[m0 + j]);
+          // Routes of a chunk are not contiguous in `vals`: compute into s, then scatter.
+          float* tmp = vals + static_cast<size_t>(T) * k * rows2;
+          fmt.down_rows(group_expert[g], h0, h1, refs, cnt, tmp, rows2);
+          for (int j = 0; j < cnt; ++j) {
+            std::copy(tmp + j * rows2, tmp + j * rows2 + rows, vals + static_cast<size_t>(members[m0 + j]) * rows2);
+          }
+        }
+      }
+      for (int t = 0; t < T; ++t) {
+        bool any = false;
+        std::fill(s, s + rows, 0.f);
+        for (int r = 0; r < k; ++r) {
+          const int route = t * k + r;
+          if (ids[route] < 0) continue;
+          any = true;
+          const float w = on_input ? 1.f : weights[route];
+          const float* v = vals + static_cast<size_t>(route) * rows2;
+          for (int j = 0; j < rows; ++j) s[j] += w * v[j];
+        }
+        if (!any) continue;
+        uint16_t* yt = y + static_cast<size_t>(t) * H;
+        for (int j = h0; j < h1; ++j) yt[j] = f32_to_bf16(s[j - h0]);
+      }
+      return;
+    }
     RouteRef refs[kMaxTopK];
     for (int t = 0; t < T; ++t) {
       int n = 0;
       for (int r = 0; r < k; ++r) {
         const int route = t * k + r;
-        const int e = ids[route];
-        if (e < 0) continue;
-        refs[n++] = RouteRef{e, on_input ? 1.f : weights[route], inter + route * inter_stride,
-                             prep ? prep + route * prep_stride : nullptr};
+        if (ids[route] >= 0) refs[n++] = route_ref(route);
       }
       if (n == 0) continue;  // zeroed before the pool started
       fmt.down(h0, h1, refs, n, s);
@@ -208,7 +253,11 @@ void MoeExecutor::add_layer(int layer, const std::string& format, int num_expert
   inter_.resize(routes * inter_stride_);
   prep_stride_ = std::max(prep_stride_, (L.fmt->inter_prep_bytes() + 63) / 64 * 64);
   if (prep_stride_) inter_prep_.resize(routes * prep_stride_);
-  worker_stride_ = 3 * kMaxBlockRows;
+  // Per worker: pass 1 gate and up rows of a token chunk; pass 2 one output block, the per-route
+  // values of down_rows ([max_tokens * top_k] blocks) and a chunk of them.
+  const size_t pass1_floats = 2 * MoeFormat::kMaxTokensPerCall * kMaxBlockRows;
+  const size_t pass2_floats = kMaxBlockRows + (routes + MoeFormat::kMaxTokensPerCall) * static_cast<size_t>(rows2);
+  worker_stride_ = std::max(worker_stride_, (std::max(pass1_floats, pass2_floats) + 15) / 16 * 16);
   worker_scratch_.resize(static_cast<size_t>(pool_.num_threads()) * worker_stride_);
   layers_.emplace(layer, std::move(L));
 }

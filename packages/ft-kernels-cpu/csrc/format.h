@@ -96,6 +96,15 @@ class MoeFormat {
   virtual void gate_up(const TaskInput& in, int e, int t, int i0, int i1, float in_scale, float* gate,
                        float* up) const = 0;
 
+  // Pass 1 for n <= kMaxTokensPerCall tokens routed to expert `e`: gate/up of token j go to
+  // gate + j * stride and up + j * stride. A format that reads each weight once for all n tokens
+  // makes a batch cost little more than one token; the default calls gate_up per token.
+  static constexpr int kMaxTokensPerCall = 8;
+  virtual void gate_up_tokens(const TaskInput& in, int e, const int* tokens, const float* in_scales, int n, int i0,
+                              int i1, float* gate, float* up, int stride) const {
+    for (int j = 0; j < n; ++j) gate_up(in, e, tokens[j], i0, i1, in_scales[j], gate + j * stride, up + j * stride);
+  }
+
   // Bytes of prepared intermediate per route (0: pass 2 reads the fp32 intermediate directly).
   virtual size_t inter_prep_bytes() const { return 0; }
   // Pass 1, after the activation: prepare rows [i0, i1) of one route's intermediate for pass 2.
@@ -104,6 +113,15 @@ class MoeFormat {
   // Pass 2, for output rows [h0, h1) of one token over all of its routes, in the given order:
   //   out[j - h0] = sum_r routes[r].weight * (W_down[e_r, j] . h_r + down_bias[e_r, j])
   virtual void down(int h0, int h1, const RouteRef* routes, int n, float* out) const = 0;
+
+  // Optional pass 2 for n <= kMaxTokensPerCall routes of one expert `e` (routes[j].expert == e), each
+  // weight row read once for all of them, without the router weight:
+  //   out[j * stride + r - h0] = W_down[e, r] . h_j + down_bias[e, r]
+  // The executor then sums each token's routes in route order (out[t] += weight * value), the same
+  // arithmetic as down(). Formats that implement it return true from has_down_rows().
+  virtual bool has_down_rows() const { return false; }
+  virtual void down_rows(int /*e*/, int /*h0*/, int /*h1*/, const RouteRef* /*routes*/, int /*n*/, float* /*out*/,
+                         int /*stride*/) const {}
 };
 
 using FormatFactory = std::unique_ptr<MoeFormat> (*)(const MoeParams&, FormatArgs&);

@@ -141,6 +141,60 @@ FT_TARGET_AVX512_BF16 float dot_row_bf16x(const uint16_t* w, const uint16_t* x, 
   return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
 }
 
+
+// N vectors at once: each weight line is loaded (and widened) once and multiplied into N
+// accumulators, so a batch costs little more than one token while the weights stream from DRAM.
+template <int N>
+FT_TARGET_AVX2 void dot_row_multi_avx2(const uint16_t* w, const float* const* xs, int K, float* out, int os,
+                                       const Prefetch& pf) {
+  __m256 acc[N];
+  for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps();
+  int k = 0;
+  for (; k + 8 <= K; k += 8) {
+    if (pf.dist && (k & 31) == 0) pf.ahead(w + k);
+    const __m256 wv = load8_bf16(w + k);
+    for (int j = 0; j < N; ++j) acc[j] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xs[j] + k), acc[j]);
+  }
+  for (int j = 0; j < N; ++j) {
+    float s = hsum8(acc[j]);
+    for (int kk = k; kk < K; ++kk) s += bf16_to_f32(w[kk]) * xs[j][kk];
+    out[j * os] = s;
+  }
+}
+
+template <int N>
+FT_TARGET_AVX512 void dot_row_multi_avx512(const uint16_t* w, const float* const* xs, int K, float* out, int os,
+                                           const Prefetch& pf) {
+  __m512 acc[N];
+  for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
+  for (int k = 0; k < K; k += 16) {
+    const int n = std::min(16, K - k);
+    const __mmask16 m = static_cast<__mmask16>((1u << n) - 1u);
+    if (pf.dist && (k & 31) == 0) pf.ahead(w + k);
+    const __m256i raw = _mm256_maskz_loadu_epi16(m, w + k);
+    const __m512 wv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+    for (int j = 0; j < N; ++j) acc[j] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, xs[j] + k), acc[j]);
+  }
+  for (int j = 0; j < N; ++j) out[j * os] = _mm512_reduce_add_ps(acc[j]);
+}
+
+template <int N>
+FT_TARGET_AVX512_BF16 void dot_row_multi_bf16x(const uint16_t* w, const uint16_t* const* xs, int K, float* out,
+                                               int os, const Prefetch& pf) {
+  __m512 acc[N];
+  for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
+  for (int k = 0; k < K; k += 32) {
+    const int n = std::min(32, K - k);
+    const __mmask32 m = n == 32 ? 0xffffffffu : static_cast<__mmask32>((1u << n) - 1u);
+    if (pf.dist) pf.ahead(w + k);
+    const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(m, w + k);
+    for (int j = 0; j < N; ++j) {
+      acc[j] = _mm512_dpbf16_ps(acc[j], wv, (__m512bh)_mm512_maskz_loadu_epi16(m, xs[j] + k));
+    }
+  }
+  for (int j = 0; j < N; ++j) out[j * os] = _mm512_reduce_add_ps(acc[j]);
+}
+
 #endif  // FT_X86
 
 class Bf16Format final : public MoeFormat {
@@ -169,6 +223,66 @@ class Bf16Format final : public MoeFormat {
     for (int i = 0; i < n; ++i) {
       gate[i] = in_scale * gate[i] + (bg ? bg[i] : 0.f);
       up[i] = in_scale * up[i] + (bg ? bg[I + i] : 0.f);
+    }
+  }
+
+  void gate_up_tokens(const TaskInput& in, int e, const int* tokens, const float* in_scales, int n, int i0, int i1,
+                      float* gate, float* up, int stride) const override {
+    if (n == 1) {
+      gate_up(in, e, tokens[0], i0, i1, in_scales[0], gate, up);
+      return;
+    }
+    const size_t H = p_.hidden, I = p_.intermediate;
+    const uint16_t* base = w13_ + static_cast<size_t>(e) * 2 * I * H;
+    const int rows = i1 - i0;
+    if (use_bf16_dot()) {
+      const uint16_t* xs[kMaxTokensPerCall];
+      for (int j = 0; j < n; ++j) xs[j] = in.x_bf16 + tokens[j] * H;
+      bf16_dot_rows_multi_bf16(base + i0 * H, H, rows, xs, n, H, gate, stride, p_.prefetch);
+      bf16_dot_rows_multi_bf16(base + (I + i0) * H, H, rows, xs, n, H, up, stride, p_.prefetch);
+    } else {
+      const float* xs[kMaxTokensPerCall];
+      for (int j = 0; j < n; ++j) xs[j] = in.x_f32 + tokens[j] * H;
+      bf16_dot_rows_multi_f32(p_.isa, base + i0 * H, H, rows, xs, n, H, gate, stride, p_.prefetch);
+      bf16_dot_rows_multi_f32(p_.isa, base + (I + i0) * H, H, rows, xs, n, H, up, stride, p_.prefetch);
+    }
+    const float* bg = b13_ ? b13_ + static_cast<size_t>(e) * 2 * I + i0 : nullptr;
+    for (int j = 0; j < n; ++j) {
+      float* g = gate + j * stride;
+      float* u = up + j * stride;
+      for (int i = 0; i < rows; ++i) {
+        g[i] = in_scales[j] * g[i] + (bg ? bg[i] : 0.f);
+        u[i] = in_scales[j] * u[i] + (bg ? bg[I + i] : 0.f);
+      }
+    }
+  }
+
+  bool has_down_rows() const override { return true; }
+
+  void down_rows(int e, int h0, int h1, const RouteRef* routes, int n, float* out, int stride) const override {
+    const size_t H = p_.hidden, I = p_.intermediate;
+    const int rows = h1 - h0;
+    const uint16_t* w = w2_ + static_cast<size_t>(e) * H * I + static_cast<size_t>(h0) * I;
+    if (n == 1) {
+      if (use_bf16_dot()) {
+        bf16_dot_rows_bf16(w, I, rows, static_cast<const uint16_t*>(routes[0].h_prepped), I, out, p_.prefetch);
+      } else {
+        bf16_dot_rows_f32(p_.isa, w, I, rows, routes[0].h, I, out, p_.prefetch);
+      }
+    } else if (use_bf16_dot()) {
+      const uint16_t* hs[kMaxTokensPerCall];
+      for (int j = 0; j < n; ++j) hs[j] = static_cast<const uint16_t*>(routes[j].h_prepped);
+      bf16_dot_rows_multi_bf16(w, I, rows, hs, n, I, out, stride, p_.prefetch);
+    } else {
+      const float* hs[kMaxTokensPerCall];
+      for (int j = 0; j < n; ++j) hs[j] = routes[j].h;
+      bf16_dot_rows_multi_f32(p_.isa, w, I, rows, hs, n, I, out, stride, p_.prefetch);
+    }
+    if (b2_) {
+      const float* b = b2_ + static_cast<size_t>(e) * H + h0;
+      for (int j = 0; j < n; ++j) {
+        for (int r = 0; r < rows; ++r) out[j * stride + r] += b[r];
+      }
     }
   }
 
@@ -249,6 +363,49 @@ void bf16_dot_rows_bf16(const uint16_t* W, size_t ld, int nrows, const uint16_t*
 #else
   (void)W, (void)ld, (void)nrows, (void)x, (void)K, (void)out, (void)prefetch;
   throw Error("bf16_dot_rows_bf16 needs x86 AVX512-BF16");
+#endif
+}
+
+// Calls F<N>(args...) for the runtime n in [1, 8].
+#define FT_DISPATCH_N(n, F, ...)          \
+  switch (n) {                            \
+    case 1: F<1>(__VA_ARGS__); break;     \
+    case 2: F<2>(__VA_ARGS__); break;     \
+    case 3: F<3>(__VA_ARGS__); break;     \
+    case 4: F<4>(__VA_ARGS__); break;     \
+    case 5: F<5>(__VA_ARGS__); break;     \
+    case 6: F<6>(__VA_ARGS__); break;     \
+    case 7: F<7>(__VA_ARGS__); break;     \
+    default: F<8>(__VA_ARGS__); break;    \
+  }
+
+void bf16_dot_rows_multi_f32(Isa isa, const uint16_t* W, size_t ld, int nrows, const float* const* xs, int n, int K,
+                             float* out, int out_stride, int prefetch) {
+  const Prefetch pf = stream_prefetch(W, ld, nrows, K, prefetch);
+  for (int r = 0; r < nrows; ++r) {
+    const uint16_t* w = W + r * ld;
+#if FT_X86
+    if (isa == Isa::avx512 || isa == Isa::avx512_bf16) {
+      FT_DISPATCH_N(n, dot_row_multi_avx512, w, xs, K, out + r, out_stride, pf);
+      continue;
+    }
+    if (isa == Isa::avx2) {
+      FT_DISPATCH_N(n, dot_row_multi_avx2, w, xs, K, out + r, out_stride, pf);
+      continue;
+    }
+#endif
+    for (int j = 0; j < n; ++j) dot_rows_scalar(w, ld, 1, xs[j], K, out + r + j * out_stride);
+  }
+}
+
+void bf16_dot_rows_multi_bf16(const uint16_t* W, size_t ld, int nrows, const uint16_t* const* xs, int n, int K,
+                              float* out, int out_stride, int prefetch) {
+#if FT_X86
+  const Prefetch pf = stream_prefetch(W, ld, nrows, K, prefetch);
+  for (int r = 0; r < nrows; ++r) FT_DISPATCH_N(n, dot_row_multi_bf16x, W + r * ld, xs, K, out + r, out_stride, pf);
+#else
+  (void)W, (void)ld, (void)nrows, (void)xs, (void)n, (void)K, (void)out, (void)out_stride, (void)prefetch;
+  throw Error("bf16_dot_rows_multi_bf16 needs x86 AVX512-BF16");
 #endif
 }
 
