@@ -170,7 +170,9 @@ def test_errors_name_the_bank_option_and_expected_shape() -> None:
 
     add()
     # Q8_0 rows of 64 are 2 * 34 bytes; Q4_0 rows of 32 are 18 bytes.
-    with pytest.raises(ValueError, match=r"bank 'gate' has 2176 bytes; expected 4352 bytes \(\[2, 32, 68\] u8\)"):
+    with pytest.raises(
+        ValueError, match=r"bank 'gate' has 2176 bytes; expected 4352 bytes \(\[2, 32, 68\] u8\)"
+    ):
         add(banks={**banks, "gate": banks["gate"][:1]})
     with pytest.raises(ValueError, match=r"bank 'down' has dtype float32; expected \[2, 64, 18\] u8"):
         add(banks={**banks, "down": np.zeros((E, H, 18 // 4), np.float32)})
@@ -182,12 +184,18 @@ def test_errors_name_the_bank_option_and_expected_shape() -> None:
         add(options={"gate_up_type": 8})
     with pytest.raises(ValueError, match=r"option 'group' is not used"):
         add(options={**options, "group": 32})
-    supported = r"supported: Q8_0 \(8\), Q4_0 \(2\), BF16 \(30\), F16 \(1\), MXFP4 \(39\), Q4_K \(12\), Q6_K \(14\)"
-    with pytest.raises(ValueError, match=r"option gate_up_type=3 is not a supported ggml type id; " + supported):
+    supported = (
+        r"supported: Q8_0 \(8\), Q4_0 \(2\), BF16 \(30\), F16 \(1\), MXFP4 \(39\), Q4_K \(12\), Q6_K \(14\)"
+    )
+    with pytest.raises(
+        ValueError, match=r"option gate_up_type=3 is not a supported ggml type id; " + supported
+    ):
         add(options={**options, "gate_up_type": 3})
     with pytest.raises(ValueError, match=r"option down_type=8.5 is not a supported ggml type id"):
         add(options={**options, "down_type": 8.5})
-    with pytest.raises(ValueError, match=r"hidden=80 \(gate_up_type\) is not a multiple of 32, the block size of Q8_0"):
+    with pytest.raises(
+        ValueError, match=r"hidden=80 \(gate_up_type\) is not a multiple of 32, the block size of Q8_0"
+    ):
         add(H=80)
     with pytest.raises(ValueError, match=r"intermediate=32 \(down_type\) is not a multiple of 256, .* Q6_K"):
         add(options={**options, "down_type": 14})
