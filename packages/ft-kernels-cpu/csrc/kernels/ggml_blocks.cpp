@@ -229,11 +229,7 @@ struct V {
   }
   static F f16x(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   static float f16s(const uint8_t* p) { return _cvtsh_ss(load_u16(p)); }
-  // Magnitude from an 8-entry permute, sign from bit 3.
-  static F e2m1(I idx) {
-    const F mag = _mm256_permutevar8x32_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 6, 8, 12), idx);
-    return _mm256_xor_ps(mag, _mm256_castsi256_ps(_mm256_slli_epi32(andi(idx, 8), 28)));
-  }
+  static I s8x(__m128i v, int part) { return _mm256_cvtepi8_epi32(part ? _mm_srli_si128(v, 8) : v); }
 };
 #include "ggml_tier_kernels.h"
 }  // namespace
@@ -278,10 +274,7 @@ struct V {
   static float hsum(F v) { return _mm512_reduce_add_ps(v); }
   static F f16x(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
   static float f16s(const uint8_t* p) { return _cvtsh_ss(load_u16(p)); }
-  static F e2m1(I idx) {
-    const F tab = _mm512_setr_ps(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-    return _mm512_permutexvar_ps(idx, tab);
-  }
+  static I s8x(__m128i v, int /*part*/) { return _mm512_cvtepi8_epi32(v); }
 };
 #include "ggml_tier_kernels.h"
 }  // namespace
