@@ -1,0 +1,85 @@
+// ggml block types (the packed blocks of GGUF files) shared by the `q4_0` and `gguf` formats: a table
+// of the supported types with their row-dot kernels per ISA tier (ggml_blocks.cpp), and one format
+// class for "gate, up and down matrices whose rows are ggml rows".
+//
+// Block layouts (little-endian; element order within a block as ggml dequantizes it):
+//   F16   1 elem,    2 bytes: fp16
+//   BF16  1 elem,    2 bytes: bf16
+//   Q8_0  32 elems, 34 bytes: fp16 d, int8 qs[32];              v[j] = d * qs[j]
+//   Q4_0  32 elems, 18 bytes: fp16 d, u8 qs[16];                v[j] = d * ((qs[j] & 15) - 8),
+//                                                               v[j + 16] = d * ((qs[j] >> 4) - 8)
+//   MXFP4 32 elems, 17 bytes: e8m0 e, u8 qs[16];                v[j] = 2^(e - 128) * K[qs[j] & 15],
+//                             v[j + 16] = ... K[qs[j] >> 4], K = doubled e2m1 {0,1,2,3,4,6,8,12,0,-1,..,-12}
+//   Q4_K 256 elems, 144 bytes: fp16 d, fp16 dmin, u8 scales[12] (8 6-bit scales and mins), u8 qs[128];
+//                             sub-block s (32 elems) = d*sc[s]*q - dmin*m[s], q the low (s even) or
+//                             high (s odd) nibbles of qs[32*(s/2) .. +32]
+//   Q5_K 256 elems, 176 bytes: fp16 d, fp16 dmin, u8 scales[12], u8 qh[32], u8 qs[128]; as Q4_K with
+//                             bit s of qh[l] as bit 4 of element l of sub-block s
+//   Q6_K 256 elems, 210 bytes: u8 ql[128], u8 qh[64], int8 scales[16], fp16 d; v = d*scales[i/16]*(q-32),
+//                             per 128-elem half h, l < 32: q[l] = ql[l]&15 | (qh[l]&3)<<4,
+//                             q[l+32] = ql[l+32]&15 | (qh[l]>>2&3)<<4, q[l+64] = ql[l]>>4 | (qh[l]>>4&3)<<4,
+//                             q[l+96] = ql[l+32]>>4 | (qh[l]>>6)<<4 (ql, qh offset by 64h, 32h)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "format.h"
+
+namespace ft {
+namespace ggml {
+
+// out[r] = row r of W (ggml rows of K elements, `ld` bytes apart) . x, fp32 accumulation; the weight
+// stream is software-prefetched `prefetch` bytes ahead (0: off). K is a multiple of block_elems.
+using RowsFn = void (*)(const uint8_t* W, size_t ld, int nrows, const float* x, int K, float* out, int prefetch);
+
+struct TypeInfo {
+  int id;  // ggml_type
+  const char* name;
+  int block_elems;
+  int block_bytes;
+  RowsFn rows[kNumIsa];  // indexed by Isa
+};
+
+// The supported type of ggml id `id`, or nullptr.
+const TypeInfo* find_type(int id);
+// "Q8_0 (8), Q4_0 (2), ..." in table order.
+std::string supported_types();
+
+// The type that option `option` names (a ggml type id); raises naming the option, the value and the
+// supported types when it is not one.
+const TypeInfo& type_from_option(const std::string& context, const std::string& option, double value);
+
+// Bytes of a row of K elements; raises (naming `what`, e.g. "hidden=100") when K is not a multiple of
+// the block size.
+size_t row_bytes(const std::string& context, const TypeInfo& t, long long K, const std::string& what);
+
+// One projection of every expert: rows of `row_bytes` bytes, `expert_stride` bytes between experts.
+struct Matrix {
+  const uint8_t* data = nullptr;
+  size_t expert_stride = 0;
+  size_t row_bytes = 0;
+  const TypeInfo* type = nullptr;
+  const float* bias = nullptr;  // optional, `bias_stride` floats between experts
+  size_t bias_stride = 0;
+};
+
+// gate_up and down over ggml rows (fp32 activations, fp32 accumulation).
+class GgmlMoeFormat final : public MoeFormat {
+ public:
+  GgmlMoeFormat(const MoeParams& p, const Matrix& gate, const Matrix& up, const Matrix& down);
+  void gate_up(const TaskInput& in, int e, int t, int i0, int i1, float in_scale, float* gate,
+               float* up) const override;
+  void down(int h0, int h1, const RouteRef* routes, int n, float* out) const override;
+  int pass2_rows() const override { return kPass2Rows; }
+
+ private:
+  static constexpr int kPass2Rows = 16;
+  MoeParams p_;
+  Matrix gate_, up_, down_;
+  RowsFn gate_fn_, up_fn_, down_fn_;
+};
+
+}  // namespace ggml
+}  // namespace ft

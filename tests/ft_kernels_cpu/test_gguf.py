@@ -1,0 +1,210 @@
+"""gguf executor (expert tensors as GGUF stores them) against gguf.quants.dequantize + float64 reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.quants import dequantize, quantize
+
+import ft_kernels_cpu as fk
+from helpers.moe_reference import BF16, moe_reference, random_routes
+
+TIERS = fk.isa_tiers()
+ACTIVATIONS = ["silu", "gelu", "gelu_tanh", "swigluoai", "swiglu_clamp"]
+TYPES = [Q.Q8_0, Q.Q4_0, Q.BF16, Q.F16, Q.MXFP4, Q.Q4_K, Q.Q6_K, Q.Q5_K]
+# Types gguf can quantize from floats; the K-quants are built byte by byte (random codes, valid scales).
+QUANTIZABLE = {Q.Q8_0, Q.Q4_0, Q.BF16, Q.F16, Q.MXFP4}
+# (gate_up_type, down_type) pairings of real GGUF files, cycled through the activation/batch matrix.
+PAIRS = [(Q.Q4_K, Q.Q6_K), (Q.Q8_0, Q.Q8_0), (Q.MXFP4, Q.MXFP4), (Q.Q5_K, Q.Q6_K), (Q.Q4_0, Q.BF16)]
+
+
+def block_elems(qtype: Q) -> int:
+    return GGML_QUANT_SIZES[qtype][0]
+
+
+def fp16_bits(rng: np.random.Generator, n: int, scale: float) -> np.ndarray:
+    """Normal (no subnormal, NaN or inf) fp16 scales in [scale/2, scale), as bytes [n, 2]."""
+    return (scale * rng.uniform(0.5, 1.0, n)).astype(np.float16).view(np.uint8).reshape(n, 2)
+
+
+def random_kquant_blocks(rng: np.random.Generator, qtype: Q, nblocks: int) -> np.ndarray:
+    """Valid K-quant super-blocks: random codes and 6-bit scales/mins, fp16 d (and dmin) set."""
+    size = GGML_QUANT_SIZES[qtype][1]
+    b = rng.integers(0, 256, (nblocks, size), dtype=np.uint8)
+    if qtype in (Q.Q4_K, Q.Q5_K):  # d, dmin first; values d*sc*q - dmin*m with sc, m < 64
+        b[:, 0:2] = fp16_bits(rng, nblocks, 2.0**-11 if qtype == Q.Q4_K else 2.0**-12)
+        b[:, 2:4] = fp16_bits(rng, nblocks, 2.0**-11)
+    else:  # Q6_K: d last; values d*scale*(q-32) with int8 scales
+        b[:, 208:210] = fp16_bits(rng, nblocks, 2.0**-13)
+    return b
+
+
+def make_bank(rng: np.random.Generator, qtype: Q, rows: tuple[int, ...], K: int):
+    """(bytes [*rows, row_bytes(K)] u8, dequantized float64 [*rows, K]) with weights of about 1/sqrt(K)."""
+    n = int(np.prod(rows))
+    if qtype in QUANTIZABLE:
+        data = quantize((rng.standard_normal((n, K)) / np.sqrt(K)).astype(np.float32), qtype)
+    else:
+        data = random_kquant_blocks(rng, qtype, n * K // block_elems(qtype)).reshape(n, -1)
+    data = np.ascontiguousarray(data).view(np.uint8).reshape(*rows, -1)
+    ref = dequantize(data.reshape(n, -1), qtype).astype(np.float64).reshape(*rows, K)
+    assert np.all(np.isfinite(ref))
+    return data, ref
+
+
+def make_layer(rng, E, H, I, gu: Q, dn: Q, bias: bool = False):
+    gate, rg = make_bank(rng, gu, (E, I), H)
+    up, ru = make_bank(rng, gu, (E, I), H)
+    down, rd = make_bank(rng, dn, (E, H), I)
+    banks = {"gate": gate, "up": up, "down": down}
+    ref = {"w_gate": rg, "w_up": ru, "w_down": rd}
+    if bias:
+        for name, n in (("gate_bias", I), ("up_bias", I), ("down_bias", H)):
+            banks[name] = (0.1 * rng.standard_normal((E, n))).astype(np.float32)
+        ref.update(b_gate=banks["gate_bias"], b_up=banks["up_bias"], b_down=banks["down_bias"])
+    return banks, ref, {"gate_up_type": int(gu), "down_type": int(dn)}
+
+
+def shape_for(rng, gu: Q, dn: Q) -> tuple[int, int]:
+    """Small H, I: odd block counts (the unpaired last block) and, for 1-element types, vector tails."""
+
+    def pick(qtype: Q, lo: int, hi: int) -> int:
+        b = block_elems(qtype)
+        return b * int(rng.integers(lo, hi)) if b > 1 else int(rng.integers(33, 200))
+
+    return pick(gu, 1, 4) if block_elems(gu) == 256 else pick(gu, 2, 7), pick(dn, 1, 4) if block_elems(
+        dn
+    ) == 256 else pick(dn, 2, 7)
+
+
+def assert_close_to_reference(y: np.ndarray, ref: np.ndarray, scale: np.ndarray, what: str) -> None:
+    # y is rounded to bf16 (relative error <= 2^-9; 2^-8 leaves a factor 2). Every tier dequantizes
+    # the blocks exactly (fp16 scale times a small integer is exact in fp32; K-quants round d*sc*q -
+    # dmin*m once, as gguf does, to 2^-24) and accumulates in fp32 (K * 2^-24 << 2^-11), and the
+    # intermediate stays fp32: 2^-11 of the magnitude `scale` covers all of it with a wide margin.
+    bound = 2.0**-8 * np.abs(ref) + 2.0**-11 * scale + 1e-30
+    err = np.abs(y.astype(np.float64) - ref)
+    worst = np.unravel_index(np.argmax(err / bound), err.shape)
+    assert np.all(err <= bound), (
+        f"{what}: error {err[worst]:.3g} at {worst} exceeds bound {bound[worst]:.3g} (ref {ref[worst]:.4g})"
+    )
+
+
+def run_case(isa, gu, dn, act, T, seed, bias=False, on_input=False, opts=None):
+    rng = np.random.default_rng(seed)
+    H, I = shape_for(rng, gu, dn)
+    E, top_k = 5, 4
+    banks, wref, options = make_layer(rng, E, H, I, gu, dn, bias)
+    opts = dict(opts or ({"limit": 3.0} if act == "swiglu_clamp" else {}))
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=8, num_threads=2, isa=isa)
+    ex.add_layer(
+        0,
+        "gguf",
+        num_experts=E,
+        intermediate=I,
+        banks=banks,
+        activation=act,
+        options={**options, **opts},
+        router_weight_on_input=on_input,
+    )
+    x = (2.0 * rng.standard_normal((T, H))).astype(BF16)
+    ids = random_routes(rng, T, top_k, E)
+    w = rng.random((T, top_k)).astype(np.float32)
+    y = ex.run(0, x, ids, w)
+    assert y.dtype == BF16 and y.shape == (T, H)
+    ref, scale = moe_reference(x, ids, w, act=act, router_weight_on_input=on_input, **wref, **opts)
+    assert_close_to_reference(y, ref, scale, f"{isa} {gu.name}/{dn.name} {act} T={T} H={H} I={I}")
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("isa", TIERS)
+def test_each_type_matches_reference(isa: str, qtype: Q) -> None:
+    run_case(isa, qtype, qtype, "silu", 3, [TIERS.index(isa), int(qtype)])
+
+
+# silu at batch 1, 3 and 8; the other activations at batch 3.
+CASES = [(act, T) for act in ACTIVATIONS for T in ([1, 3, 8] if act == "silu" else [3])]
+
+
+@pytest.mark.parametrize(("act", "T"), CASES)
+@pytest.mark.parametrize("isa", TIERS)
+def test_activations_and_batches(isa: str, act: str, T: int) -> None:
+    i = TIERS.index(isa) + ACTIVATIONS.index(act) + T
+    gu, dn = PAIRS[i % len(PAIRS)]
+    run_case(isa, gu, dn, act, T, [i, T, 17])
+
+
+@pytest.mark.parametrize("isa", TIERS)
+def test_biases_and_router_weight_on_input(isa: str) -> None:
+    run_case(isa, Q.Q4_K, Q.Q6_K, "swigluoai", 3, 7, bias=True, opts={"alpha": 1.5, "limit": 2.0})
+    run_case(isa, Q.Q8_0, Q.MXFP4, "silu", 3, 8, on_input=True)
+
+
+@pytest.mark.parametrize("isa", TIERS)
+def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
+    rng = np.random.default_rng(3)
+    E, H, I, top_k, T = 8, 512, 256, 6, 8
+    banks, _, options = make_layer(rng, E, H, I, Q.Q4_K, Q.Q6_K)
+    x = rng.standard_normal((T, H)).astype(BF16)
+    ids = random_routes(rng, T, top_k, E)
+    w = rng.random((T, top_k)).astype(np.float32)
+    outs = []
+    for threads in (1, 2, 3, 5):
+        ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T, num_threads=threads, isa=isa)
+        ex.add_layer(0, "gguf", num_experts=E, intermediate=I, banks=banks, options=options)
+        outs.append(ex.run(0, x, ids, w).view(np.uint16).copy())
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+
+
+def test_errors_name_the_bank_option_and_expected_shape() -> None:
+    rng = np.random.default_rng(1)
+    E, H, I = 2, 64, 32
+    banks, _, options = make_layer(rng, E, H, I, Q.Q8_0, Q.Q4_0)
+
+    def add(banks=banks, options=options, H=H, I=I):
+        ex = fk.MoeExecutor(hidden=H, top_k=2, max_tokens=2)
+        ex.add_layer(0, "gguf", num_experts=E, intermediate=I, banks=banks, options=options)
+
+    add()
+    # Q8_0 rows of 64 are 2 * 34 bytes; Q4_0 rows of 32 are 18 bytes.
+    with pytest.raises(
+        ValueError, match=r"bank 'gate' has 2176 bytes; expected 4352 bytes \(\[2, 32, 68\] u8\)"
+    ):
+        add(banks={**banks, "gate": banks["gate"][:1]})
+    with pytest.raises(ValueError, match=r"bank 'down' has dtype float32; expected \[2, 64, 18\] u8"):
+        add(banks={**banks, "down": np.zeros((E, H, 18 // 4), np.float32)})
+    with pytest.raises(ValueError, match=r"missing bank 'up'; expected \[2, 32, 68\] u8"):
+        add(banks={k: v for k, v in banks.items() if k != "up"})
+    with pytest.raises(ValueError, match=r"bank 'gate_scale' is not used by this format"):
+        add(banks={**banks, "gate_scale": banks["gate"]})
+    with pytest.raises(ValueError, match=r"missing option 'down_type' \(ggml type id of down"):
+        add(options={"gate_up_type": 8})
+    with pytest.raises(ValueError, match=r"option 'group' is not used"):
+        add(options={**options, "group": 32})
+    supported = (
+        r"supported: Q8_0 \(8\), Q4_0 \(2\), BF16 \(30\), F16 \(1\), MXFP4 \(39\), Q4_K \(12\), Q6_K \(14\)"
+    )
+    with pytest.raises(
+        ValueError, match=r"option gate_up_type=3 is not a supported ggml type id; " + supported
+    ):
+        add(options={**options, "gate_up_type": 3})
+    with pytest.raises(ValueError, match=r"option down_type=8.5 is not a supported ggml type id"):
+        add(options={**options, "down_type": 8.5})
+    with pytest.raises(
+        ValueError, match=r"hidden=80 \(gate_up_type\) is not a multiple of 32, the block size of Q8_0"
+    ):
+        add(H=80)
+    with pytest.raises(ValueError, match=r"intermediate=32 \(down_type\) is not a multiple of 256, .* Q6_K"):
+        add(options={**options, "down_type": 14})
+
+
+def test_dequantize_reference_layout_spot_check() -> None:
+    # Q4_0 by hand: d = 0.5, qs[0] = 0x93 -> element 0 is (3 - 8) * 0.5, element 16 is (9 - 8) * 0.5.
+    block = np.zeros(18, np.uint8)
+    block[0:2] = np.array([0.5], np.float16).view(np.uint8)
+    block[2] = 0x93
+    v = dequantize(block, Q.Q4_0)
+    assert v[0] == -2.5 and v[16] == 0.5 and v[1] == -4.0

@@ -1,0 +1,127 @@
+"""q4_0 executor (ggml Q4_0 blocks) against gguf.quants.dequantize + the float64 reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize, quantize
+
+import ft_kernels_cpu as fk
+from helpers.moe_reference import BF16, moe_reference, random_routes
+
+TIERS = fk.isa_tiers()
+ACTIVATIONS = ["silu", "gelu", "gelu_tanh", "swigluoai", "swiglu_clamp"]
+# silu at batch 1, 3 and 8; the other activations at batch 3.
+CASES = [(act, T) for act in ACTIVATIONS for T in ([1, 3, 8] if act == "silu" else [3])]
+
+
+def q4_0_bank(rng: np.random.Generator, rows: tuple[int, ...], K: int):
+    """(Q4_0 bytes [*rows, K/32*18] u8 quantized by gguf, their gguf dequantization as float64)."""
+    n = int(np.prod(rows))
+    data = quantize((rng.standard_normal((n, K)) / np.sqrt(K)).astype(np.float32), Q.Q4_0)
+    ref = dequantize(data, Q.Q4_0).astype(np.float64)
+    return data.reshape(*rows, K // 32 * 18), ref.reshape(*rows, K)
+
+
+def make_layer(rng, E, H, I, bias=False):
+    w13, r13 = q4_0_bank(rng, (E, 2 * I), H)
+    w2, r2 = q4_0_bank(rng, (E, H), I)
+    banks = {"w13": w13, "w2": w2}
+    ref = {"w_gate": r13[:, :I], "w_up": r13[:, I:], "w_down": r2}
+    if bias:
+        banks["w13_bias"] = (0.1 * rng.standard_normal((E, 2 * I))).astype(np.float32)
+        banks["w2_bias"] = (0.1 * rng.standard_normal((E, H))).astype(np.float32)
+        ref.update(b_gate=banks["w13_bias"][:, :I], b_up=banks["w13_bias"][:, I:], b_down=banks["w2_bias"])
+    return banks, ref
+
+
+def assert_close_to_reference(y: np.ndarray, ref: np.ndarray, scale: np.ndarray, what: str) -> None:
+    # y is rounded to bf16 (relative error <= 2^-9; 2^-8 leaves a factor 2). Every tier dequantizes
+    # exactly (fp16 d times an integer in [-8, 7] is exact in fp32), accumulates in fp32
+    # (K * 2^-24 << 2^-11) and keeps the intermediate in fp32: 2^-11 of `scale` bounds the rest.
+    bound = 2.0**-8 * np.abs(ref) + 2.0**-11 * scale + 1e-30
+    err = np.abs(y.astype(np.float64) - ref)
+    worst = np.unravel_index(np.argmax(err / bound), err.shape)
+    assert np.all(err <= bound), (
+        f"{what}: error {err[worst]:.3g} at {worst} exceeds bound {bound[worst]:.3g} (ref {ref[worst]:.4g})"
+    )
+
+
+def run_case(isa, act, T, seed, bias=False, on_input=False, opts=None):
+    rng = np.random.default_rng(seed)
+    # Odd block counts exercise the unpaired last block of a row.
+    E, H, I, top_k = 5, 32 * int(rng.integers(1, 8)), 32 * int(rng.integers(1, 6)), 4
+    banks, wref = make_layer(rng, E, H, I, bias)
+    opts = dict(opts or ({"limit": 3.0} if act == "swiglu_clamp" else {}))
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=8, num_threads=2, isa=isa)
+    ex.add_layer(
+        0, "q4_0", num_experts=E, intermediate=I, banks=banks, activation=act, options=opts,
+        router_weight_on_input=on_input,
+    )  # fmt: skip
+    x = (2.0 * rng.standard_normal((T, H))).astype(BF16)
+    ids = random_routes(rng, T, top_k, E)
+    w = rng.random((T, top_k)).astype(np.float32)
+    y = ex.run(0, x, ids, w)
+    assert y.dtype == BF16 and y.shape == (T, H)
+    ref, scale = moe_reference(x, ids, w, act=act, router_weight_on_input=on_input, **wref, **opts)
+    assert_close_to_reference(y, ref, scale, f"{isa} {act} T={T} H={H} I={I}")
+
+
+@pytest.mark.parametrize(("act", "T"), CASES)
+@pytest.mark.parametrize("isa", TIERS)
+def test_matches_float64_reference(isa: str, act: str, T: int) -> None:
+    run_case(isa, act, T, [TIERS.index(isa), ACTIVATIONS.index(act), T])
+
+
+@pytest.mark.parametrize("isa", TIERS)
+def test_biases_options_and_router_weight_on_input(isa: str) -> None:
+    run_case(isa, "swigluoai", 3, 7, bias=True, opts={"alpha": 1.5, "limit": 2.0})
+    run_case(isa, "silu", 3, 8, on_input=True)
+
+
+@pytest.mark.parametrize("isa", TIERS)
+def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
+    rng = np.random.default_rng(3)
+    E, H, I, top_k, T = 8, 320, 224, 6, 8
+    banks, _ = make_layer(rng, E, H, I)
+    x = rng.standard_normal((T, H)).astype(BF16)
+    ids = random_routes(rng, T, top_k, E)
+    w = rng.random((T, top_k)).astype(np.float32)
+    outs = []
+    for threads in (1, 2, 3, 5):
+        ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T, num_threads=threads, isa=isa)
+        ex.add_layer(0, "q4_0", num_experts=E, intermediate=I, banks=banks)
+        outs.append(ex.run(0, x, ids, w).view(np.uint16).copy())
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+
+
+def test_errors_name_the_bank_and_expected_shape() -> None:
+    rng = np.random.default_rng(1)
+    E, H, I = 2, 64, 32
+    banks, _ = make_layer(rng, E, H, I)
+
+    def add(banks=banks, H=H, I=I, options=None):
+        ex = fk.MoeExecutor(hidden=H, top_k=2, max_tokens=2)
+        ex.add_layer(0, "q4_0", num_experts=E, intermediate=I, banks=banks, options=options)
+
+    add()
+    with pytest.raises(
+        ValueError, match=r"bank 'w13' has 2304 bytes; expected 4608 bytes \(\[2, 64, 36\] u8\)"
+    ):
+        add(banks={**banks, "w13": banks["w13"][:1]})
+    with pytest.raises(ValueError, match=r"bank 'w2' has dtype float16; expected \[2, 64, 18\] u8"):
+        add(banks={**banks, "w2": banks["w2"].view(np.float16)})
+    with pytest.raises(ValueError, match=r"missing bank 'w2'; expected \[2, 64, 18\] u8"):
+        add(banks={"w13": banks["w13"]})
+    with pytest.raises(
+        ValueError, match=r"bank 'w13_bias' has 256 bytes; expected 512 bytes \(\[2, 64\] f32\)"
+    ):
+        add(banks={**banks, "w13_bias": np.zeros((E, I), np.float32)})
+    with pytest.raises(ValueError, match=r"option 'group' is not used"):
+        add(options={"group": 32})
+    with pytest.raises(ValueError, match=r"hidden=80 is not a multiple of 32, the block size of Q4_0"):
+        add(H=80)
+    with pytest.raises(ValueError, match=r"intermediate=48 is not a multiple of 32, the block size of Q4_0"):
+        add(I=48)
