@@ -44,6 +44,18 @@ void to_even_odd(const float* src, float* dst, int k0, int k1) {
   }
 }
 
+// The bf16 tier's order: each chunk [c, c + L) of `len` elements (L = 128, or what is left) as 4
+// runs of L/4: run q holds elements c + 4k + q. src and dst start at a multiple of 128 of the row;
+// len is a multiple of 16.
+void to_word_nibble_bf16(const uint16_t* src, uint16_t* dst, int len) {
+  for (int c = 0; c < len; c += 128) {
+    const int n = std::min(128, len - c) / 4;
+    for (int q = 0; q < 4; ++q) {
+      for (int k = 0; k < n; ++k) dst[c + q * n + k] = src[c + 4 * k + q];
+    }
+  }
+}
+
 // One row in natural element order: sum_g e4m3(sc[g]) * sum_{k in group g} e2m1(k) * x[k].
 float nvfp4_row_scalar(const uint8_t* w, const uint8_t* sc, const float* x, int K) {
   const float* lut = fp8nv::e4m3_table().v;
@@ -154,26 +166,74 @@ FT_TARGET_AVX512 float nvfp4_row_avx512(const uint8_t* w, const uint8_t* sc, con
   return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) * fp8nv::kE4m3Fp16Unscale;
 }
 
+// bf16 of the 16 e2m1 values (exact), for VPERMW.
+FT_TARGET_AVX512_BF16 inline __m512i e2m1_bf16_lut() {
+  return _mm512_setr_epi32(0x3F000000, 0x3FC03F80, 0x40404000, 0x40C04080, 0xBF008000, 0xBFC0BF80, 0xC040C000,
+                           0xC0C0C080, 0x3F000000, 0x3FC03F80, 0x40404000, 0x40C04080, 0xBF008000, 0xBFC0BF80,
+                           0xC040C000, 0xC0C0C080);
+}
+
+// One row with VDPBF16PS, x as bf16 in word-nibble chunk order (to_word_nibble_bf16). Per chunk of
+// 128 elements (64 bytes, or a last shorter one under masks): as 32 words, word k holds elements
+// 4k..4k+3 in its four nibbles; nibble q of every word, looked up by VPERMW, is the bf16 vector of
+// elements 4k+q, and x's chunk holds the matching 4 vectors. Dword lane i of the dot products sums
+// elements 8i+q and 8i+4+q: group i/2 of the chunk, whose scale a duplicated decode supplies.
+FT_TARGET_AVX512_BF16 float nvfp4_row_bf16x(const uint8_t* w, const uint8_t* sc, const uint16_t* xb, int K,
+                                           const Prefetch& pf) {
+  const __m512i lut = e2m1_bf16_lut(), nib = _mm512_set1_epi16(0x000f);
+  __m512 acc = _mm512_setzero_ps();
+  for (int c = 0; c < K; c += 128) {
+    const int L = std::min(128, K - c), n = L / 4;  // words per nibble vector
+    const __mmask32 m = n == 32 ? 0xffffffffu : static_cast<__mmask32>((1u << n) - 1u);
+    const uint8_t* wb = w + c / 2;
+    const uint16_t* x = xb + c;
+    if (pf.dist) pf.ahead(wb);
+    const __m512i b = _mm512_maskz_loadu_epi16(m, wb);
+    const __m512i w0 = _mm512_permutexvar_epi16(_mm512_and_si512(b, nib), lut);
+    const __m512i w1 = _mm512_permutexvar_epi16(_mm512_and_si512(_mm512_srli_epi16(b, 4), nib), lut);
+    const __m512i w2 = _mm512_permutexvar_epi16(_mm512_and_si512(_mm512_srli_epi16(b, 8), nib), lut);
+    const __m512i w3 = _mm512_permutexvar_epi16(_mm512_srli_epi16(b, 12), lut);
+    __m512 t0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)w0, (__m512bh)_mm512_maskz_loadu_epi16(m, x));
+    __m512 t1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)w2, (__m512bh)_mm512_maskz_loadu_epi16(m, x + 2 * n));
+    t0 = _mm512_dpbf16_ps(t0, (__m512bh)w1, (__m512bh)_mm512_maskz_loadu_epi16(m, x + n));
+    t1 = _mm512_dpbf16_ps(t1, (__m512bh)w3, (__m512bh)_mm512_maskz_loadu_epi16(m, x + 3 * n));
+    // Scales of the chunk's L/16 groups, each twice: lanes 2g and 2g+1 (times 2^-8).
+    const __m128i s8 = _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << (L / 16)) - 1u), sc + c / 16);
+    const __m512 sv = fp8nv::e4m3x16_avx512(_mm_unpacklo_epi8(s8, s8));
+    acc = _mm512_fmadd_ps(_mm512_add_ps(t0, t1), sv, acc);
+  }
+  return _mm512_reduce_add_ps(acc) * fp8nv::kE4m3Fp16Unscale;
+}
+
 #endif  // FT_X86
 
 // Rows of one matrix: W (K/2 bytes a row), SC (K/16 scale bytes a row) and G (global scale per row)
-// all point at the first row. x is in natural order on the scalar tier, even/odd chunk order else.
-void nvfp4_rows(Isa isa, const uint8_t* W, const uint8_t* SC, const float* G, int nrows, const float* x, int K,
+// all point at the first row. x: fp32 in natural order (scalar), fp32 in even/odd chunk order (avx2,
+// avx512), bf16 in word-nibble chunk order (avx512_bf16).
+void nvfp4_rows(Isa isa, const uint8_t* W, const uint8_t* SC, const float* G, int nrows, const void* x, int K,
                 float* out, int prefetch) {
   const size_t ldw = static_cast<size_t>(K) / 2, lds = static_cast<size_t>(K) / 16;
 #if FT_X86
+  if (isa == Isa::avx512_bf16) {
+    const Prefetch pf(W, W + nrows * ldw, prefetch);
+    const uint16_t* xb = static_cast<const uint16_t*>(x);
+    for (int r = 0; r < nrows; ++r) out[r] = nvfp4_row_bf16x(W + r * ldw, SC + r * lds, xb, K, pf) * G[r];
+    return;
+  }
   if (isa != Isa::scalar) {
     const Prefetch pf(W, W + nrows * ldw, prefetch);
     for (int r = 0; r < nrows; ++r) {
-      const float d = isa >= Isa::avx512 ? nvfp4_row_avx512(W + r * ldw, SC + r * lds, x, K, pf)
-                                         : nvfp4_row_avx2(W + r * ldw, SC + r * lds, x, K, pf);
+      const float* xf = static_cast<const float*>(x);
+      const float d = isa >= Isa::avx512 ? nvfp4_row_avx512(W + r * ldw, SC + r * lds, xf, K, pf)
+                                         : nvfp4_row_avx2(W + r * ldw, SC + r * lds, xf, K, pf);
       out[r] = d * G[r];
     }
     return;
   }
 #endif
   (void)prefetch;
-  for (int r = 0; r < nrows; ++r) out[r] = nvfp4_row_scalar(W + r * ldw, SC + r * lds, x, K) * G[r];
+  const float* xf = static_cast<const float*>(x);
+  for (int r = 0; r < nrows; ++r) out[r] = nvfp4_row_scalar(W + r * ldw, SC + r * lds, xf, K) * G[r];
 }
 
 class Nvfp4Format final : public MoeFormat {
@@ -195,13 +255,18 @@ class Nvfp4Format final : public MoeFormat {
     b2_ = static_cast<const float*>(args.optional_bank("w2_bias", {E, H}, DType::f32));
   }
 
-  // 32 rows per pass-1 unit: each unit's intermediate rows are whole even/odd chunks.
-  int pass1_rows() const override { return 32; }
+  // Each pass-1 unit's intermediate rows are whole chunks of the tier's order (32 or 128).
+  int pass1_rows() const override { return bf16x() ? 128 : 32; }
   int pass2_rows() const override { return kPass2Rows; }
 
   void prep_input(const TaskInput& in) override {
-    if (!permuted()) return;
     const size_t H = p_.hidden;
+    if (bf16x()) {
+      xb_.resize(static_cast<size_t>(in.num_tokens) * H);
+      for (int t = 0; t < in.num_tokens; ++t) to_word_nibble_bf16(in.x_bf16 + t * H, xb_.data() + t * H, p_.hidden);
+      return;
+    }
+    if (!permuted()) return;
     xp_.resize(static_cast<size_t>(in.num_tokens) * H);
     for (int t = 0; t < in.num_tokens; ++t) to_even_odd(in.x_f32 + t * H, xp_.data() + t * H, 0, p_.hidden);
   }
@@ -210,7 +275,8 @@ class Nvfp4Format final : public MoeFormat {
                float* up) const override {
     const size_t H = p_.hidden, I = p_.intermediate;
     const size_t row_g = static_cast<size_t>(e) * 2 * I + i0, row_u = row_g + I;
-    const float* x = (permuted() ? xp_.data() : in.x_f32) + t * H;
+    const void* x = bf16x() ? static_cast<const void*>(xb_.data() + t * H)
+                            : static_cast<const void*>((permuted() ? xp_.data() : in.x_f32) + t * H);
     const int n = i1 - i0, K = p_.hidden;
     nvfp4_rows(p_.isa, w13_ + row_g * (H / 2), s13_ + row_g * (H / 16), g13_ + row_g, n, x, K, gate, p_.prefetch);
     nvfp4_rows(p_.isa, w13_ + row_u * (H / 2), s13_ + row_u * (H / 16), g13_ + row_u, n, x, K, up, p_.prefetch);
@@ -221,10 +287,18 @@ class Nvfp4Format final : public MoeFormat {
     }
   }
 
-  size_t inter_prep_bytes() const override { return permuted() ? p_.intermediate * sizeof(float) : 0; }
+  size_t inter_prep_bytes() const override {
+    return bf16x() ? p_.intermediate * sizeof(uint16_t) : permuted() ? p_.intermediate * sizeof(float) : 0;
+  }
 
   void prep_inter(const float* h, int i0, int i1, void* prepped) const override {
-    to_even_odd(h, static_cast<float*>(prepped), i0, i1);
+    if (bf16x()) {
+      uint16_t hb[128];
+      for (int i = i0; i < i1; ++i) hb[i - i0] = f32_to_bf16(h[i]);
+      to_word_nibble_bf16(hb, static_cast<uint16_t*>(prepped) + i0, i1 - i0);
+    } else {
+      to_even_odd(h, static_cast<float*>(prepped), i0, i1);
+    }
   }
 
   void down(int h0, int h1, const RouteRef* routes, int n, float* out) const override {
@@ -235,7 +309,7 @@ class Nvfp4Format final : public MoeFormat {
     for (int r = 0; r < n; ++r) {
       const RouteRef& rt = routes[r];
       const size_t row = static_cast<size_t>(rt.expert) * H + h0;
-      const float* h = permuted() ? static_cast<const float*>(rt.h_prepped) : rt.h;
+      const void* h = permuted() ? rt.h_prepped : static_cast<const void*>(rt.h);
       nvfp4_rows(p_.isa, w2_ + row * (I / 2), s2_ + row * (I / 16), g2_ + row, rows, h, p_.intermediate, tmp,
                  p_.prefetch);
       const float* b = b2_ ? b2_ + row : nullptr;
@@ -246,6 +320,7 @@ class Nvfp4Format final : public MoeFormat {
  private:
   static constexpr int kPass2Rows = 16;
   bool permuted() const { return p_.isa != Isa::scalar; }
+  bool bf16x() const { return p_.isa == Isa::avx512_bf16; }
 
   MoeParams p_;
   const uint8_t* w13_;
@@ -256,7 +331,8 @@ class Nvfp4Format final : public MoeFormat {
   const float* g2_;
   const float* b13_;
   const float* b2_;
-  AlignedBuffer<float> xp_;  // x in even/odd chunk order, [T, H] (vector tiers)
+  AlignedBuffer<float> xp_;     // x in even/odd chunk order, [T, H] (avx2, avx512)
+  AlignedBuffer<uint16_t> xb_;  // x as bf16 in word-nibble chunk order, [T, H] (avx512_bf16)
 };
 
 std::unique_ptr<MoeFormat> make_nvfp4_format(const MoeParams& params, FormatArgs& args) {
