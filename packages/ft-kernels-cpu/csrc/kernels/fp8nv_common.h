@@ -1,0 +1,119 @@
+// Pieces shared by the fp8_block and nvfp4 formats: e4m3fn decoding (scalar and in registers), the
+// software prefetch of a weight stream, and bank-row helpers.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "common.h"
+
+namespace ft {
+namespace fp8nv {
+
+// e4m3fn: s eeee mmm, exponent bias 7, no infinities; 0x7f / 0xff are NaN (valid checkpoints never
+// hold them; they decode as NaN here too).
+inline float e4m3_to_f32(uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  float v;
+  if ((b & 0x7f) == 0x7f) {
+    v = NAN;
+  } else if (e == 0) {
+    v = std::ldexp(static_cast<float>(m), -9);  // subnormal: m/8 * 2^-6
+  } else {
+    v = std::ldexp(1.f + static_cast<float>(m) / 8.f, e - 7);
+  }
+  return (b & 0x80) ? -v : v;
+}
+
+// All 256 codes, decoded once.
+struct E4m3Table {
+  float v[256];
+  E4m3Table() {
+    for (int i = 0; i < 256; ++i) v[i] = e4m3_to_f32(static_cast<uint8_t>(i));
+  }
+};
+inline const E4m3Table& e4m3_table() {
+  static const E4m3Table t;
+  return t;
+}
+
+// In registers, an e4m3fn byte becomes an fp16 bit pattern with the same sign, exponent and mantissa
+// fields: sign to bit 15, eeeemmm to bits 13..7. As fp16 (bias 15, subnormals included) that is the
+// e4m3 value times 2^-8, exactly; the hardware fp16 -> fp32 conversion finishes the job and the
+// kernels multiply the factor 2^8 back once per dot product (a power of two: exact).
+// From the sign-extended byte as int16 (bits 15..8 = s): (w << 7) puts s in bits 15 and 14 and the
+// fields in 13..7; clearing bit 14 leaves the fp16 pattern.
+constexpr float kE4m3Fp16Unscale = 256.f;
+constexpr uint16_t kE4m3Fp16Mask = 0xBFFF;
+
+// Software prefetch `dist` bytes ahead of a weight stream, never past its end (MoeParams::prefetch;
+// 0 disables). Call ahead() once per 64-byte line read.
+struct Prefetch {
+  const char* end = nullptr;
+  int dist = 0;
+
+  Prefetch() = default;
+  // The stream [begin, end); its first `dist` bytes are requested at once, since the hardware
+  // prefetchers have nothing to follow yet at the start of a stream.
+  Prefetch(const void* begin, const void* stream_end, int d) : end(static_cast<const char*>(stream_end)), dist(d) {
+    if (!dist) return;
+    const char* q = static_cast<const char*>(begin);
+    for (const char* e = std::min(end, q + dist); q < e; q += 64) fetch(q);
+  }
+  void ahead(const void* p) const {
+    const char* q = static_cast<const char*>(p) + dist;
+    if (q < end) fetch(q);
+  }
+  // Every line of [p, p + n) moved `dist` ahead.
+  void ahead_range(const void* p, size_t n) const {
+    if (!dist) return;
+    const char* q = static_cast<const char*>(p);
+    for (size_t o = 0; o < n; o += 64) ahead(q + o);
+  }
+  static void fetch(const char* q) {
+#if FT_X86
+    _mm_prefetch(q, _MM_HINT_T0);
+#else
+    __builtin_prefetch(q);
+#endif
+  }
+};
+
+#if FT_X86
+
+FT_TARGET_AVX2 inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// 16 e4m3 bytes -> two vectors of 8 floats, each value times 2^-8.
+FT_TARGET_AVX2 inline void e4m3x16_avx2(__m128i bytes, __m256& lo, __m256& hi) {
+  __m256i w = _mm256_cvtepi8_epi16(bytes);
+  w = _mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(static_cast<short>(kE4m3Fp16Mask)));
+  lo = _mm256_cvtph_ps(_mm256_castsi256_si128(w));
+  hi = _mm256_cvtph_ps(_mm256_extracti128_si256(w, 1));
+}
+
+// 16 e4m3 bytes -> 16 floats, each value times 2^-8.
+FT_TARGET_AVX512 inline __m512 e4m3x16_avx512(__m128i bytes) {
+  __m256i w = _mm256_cvtepi8_epi16(bytes);
+  w = _mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(static_cast<short>(kE4m3Fp16Mask)));
+  return _mm512_cvtph_ps(w);
+}
+
+// 32 e4m3 bytes -> two vectors of 16 floats, each value times 2^-8.
+FT_TARGET_AVX512 inline void e4m3x32_avx512(__m256i bytes, __m512& lo, __m512& hi) {
+  __m512i w = _mm512_cvtepi8_epi16(bytes);
+  w = _mm512_and_si512(_mm512_slli_epi16(w, 7), _mm512_set1_epi16(static_cast<short>(kE4m3Fp16Mask)));
+  lo = _mm512_cvtph_ps(_mm512_castsi512_si256(w));
+  hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(w, 1));
+}
+
+#endif  // FT_X86
+
+}  // namespace fp8nv
+}  // namespace ft

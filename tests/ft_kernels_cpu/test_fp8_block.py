@@ -1,0 +1,249 @@
+"""fp8_block (e4m3fn + 2-D block scales) against ml_dtypes dequantization and the float64 reference."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import ft_kernels_cpu as fk
+from helpers.moe_reference import BF16, moe_reference, random_routes
+
+TIERS = fk.isa_tiers()
+ACTIVATIONS = ["silu", "gelu", "gelu_tanh", "swigluoai", "swiglu_clamp"]
+E4M3 = ml_dtypes.float8_e4m3fn
+
+
+def nb(n: int, B: int) -> int:
+    return -(-n // B)
+
+
+def random_codes(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Uniform e4m3fn codes (subnormals and both zeros included) without the NaNs 0x7f / 0xff."""
+    codes = rng.integers(0, 254, size=shape).astype(np.uint8)
+    codes[codes >= 0x7F] += 1  # 0..253 -> every code except 0x7f and 0xff
+    return codes
+
+
+def dequant(codes: np.ndarray, scale: np.ndarray, B: int) -> np.ndarray:
+    """float64 weights: each e4m3 value (via ml_dtypes) times the scale of its (row, column) block."""
+    R, C = codes.shape[-2:]
+    s = np.repeat(np.repeat(scale.astype(np.float64), B, axis=-2)[..., :R, :], B, axis=-1)[..., :C]
+    return codes.view(E4M3).astype(np.float64) * s
+
+
+def make_layer(rng: np.random.Generator, E: int, H: int, I: int, B: int, bias: bool = False):
+    def scales(*dims: int, K: int) -> np.ndarray:
+        # e4m3 codes drawn uniformly have |v| up to 448 (rms ~ 110): keep dot products O(1).
+        return ((0.5 + rng.random((E, *dims))) / (110.0 * np.sqrt(K))).astype(np.float32)
+
+    banks = {
+        "w13": random_codes(rng, (E, 2 * I, H)),
+        "w13_scale": scales(2 * nb(I, B), nb(H, B), K=H),
+        "w2": random_codes(rng, (E, H, I)),
+        "w2_scale": scales(nb(H, B), nb(I, B), K=I),
+    }
+    if bias:
+        banks["w13_bias"] = (0.1 * rng.standard_normal((E, 2 * I))).astype(np.float32)
+        banks["w2_bias"] = (0.1 * rng.standard_normal((E, H))).astype(np.float32)
+    return banks
+
+
+def reference(banks, x, ids, w, I, B, act, on_input=False, **opts):
+    nbI = nb(I, B)
+    # Gate rows use the first nb(I) row-blocks of w13_scale, up rows the next nb(I): a checkpoint's
+    # separate gate and up scale grids, concatenated.
+    gate = dequant(banks["w13"][:, :I], banks["w13_scale"][:, :nbI], B)
+    up = dequant(banks["w13"][:, I:], banks["w13_scale"][:, nbI:], B)
+    down = dequant(banks["w2"], banks["w2_scale"], B)
+    b13 = banks.get("w13_bias")
+    return moe_reference(
+        x,
+        ids,
+        w,
+        gate,
+        up,
+        down,
+        act,
+        b_gate=None if b13 is None else b13[:, :I].astype(np.float64),
+        b_up=None if b13 is None else b13[:, I:].astype(np.float64),
+        b_down=None if "w2_bias" not in banks else banks["w2_bias"].astype(np.float64),
+        router_weight_on_input=on_input,
+        **opts,
+    )
+
+
+def assert_close_to_reference(y: np.ndarray, ref: np.ndarray, scale: np.ndarray, isa: str) -> None:
+    # The weights are exact in fp32 (an e4m3 value times an f32 scale is applied as a per-block sum
+    # times the scale, all fp32), so every tier only adds fp32 accumulation error (K * 2^-24 relative
+    # to the magnitude sum, far below 2^-11 for these K) and the bf16 rounding of y (<= 2^-9
+    # relative; 2^-8 leaves a factor 2).
+    bound = 2.0**-8 * np.abs(ref) + 2.0**-11 * scale + 1e-30
+    err = np.abs(y.astype(np.float64) - ref)
+    worst = np.unravel_index(np.argmax(err / bound), err.shape)
+    assert np.all(err <= bound), (
+        f"{isa}: error {err[worst]:.3g} at {worst} exceeds bound {bound[worst]:.3g} (ref {ref[worst]:.4g})"
+    )
+
+
+def run_case(isa, act, T, rng, B, E=5, H=None, I=None, top_k=4, threads=2):
+    # Odd sizes (and odd block sizes) exercise every vector tail inside and across blocks.
+    H = H or int(rng.integers(40, 200))
+    I = I or int(rng.integers(17, 90))
+    banks = make_layer(rng, E, H, I, B)
+    opts = {"limit": 3.0} if act == "swiglu_clamp" else {}
+    fmt_opts = {} if B == 128 else {"block_size": B}
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=8, num_threads=threads, isa=isa)
+    ex.add_layer(
+        0,
+        "fp8_block",
+        num_experts=E,
+        intermediate=I,
+        banks=banks,
+        activation=act,
+        options={**opts, **fmt_opts},
+    )
+    x = (2.0 * rng.standard_normal((T, H))).astype(BF16)
+    ids = random_routes(rng, T, top_k, E)
+    w = rng.random((T, top_k)).astype(np.float32)
+    y = ex.run(0, x, ids, w)
+    assert y.dtype == BF16 and y.shape == (T, H)
+    ref, scale = reference(banks, x, ids, w, I, B, act, **opts)
+    assert_close_to_reference(y, ref, scale, isa)
+
+
+@pytest.mark.parametrize("T", [1, 3, 8])
+@pytest.mark.parametrize("act", ACTIVATIONS)
+@pytest.mark.parametrize("isa", TIERS)
+def test_matches_float64_reference(isa: str, act: str, T: int) -> None:
+    rng = np.random.default_rng([TIERS.index(isa), ACTIVATIONS.index(act), T, 8])
+    B = [128, 32, 48, 7, 16][(ACTIVATIONS.index(act) + T) % 5]
+    run_case(isa, act, T, rng, B)
+
+
+@pytest.mark.parametrize("isa", TIERS)
+def test_large_blocks_partial_at_both_edges(isa: str) -> None:
+    # H and I larger than one 128-block and not multiples of it: the last row-block of gate (and of
+    # up, which starts at scale row nb(I)) and the last column-block are partial.
+    rng = np.random.default_rng(21)
+    run_case(isa, "silu", 3, rng, 128, E=3, H=300, I=200, top_k=2)
+
+
+@pytest.mark.parametrize("isa", TIERS)
+def test_biases_and_swigluoai_options(isa: str) -> None:
+    rng = np.random.default_rng(7)
+    E, H, I, top_k, T, B = 4, 96, 48, 4, 3, 32
+    banks = make_layer(rng, E, H, I, B, bias=True)
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=4, num_threads=2, isa=isa)
+    opts = {"alpha": 1.5, "limit": 2.0, "block_size": B}
+    ex.add_layer(
+        3, "fp8_block", num_experts=E, intermediate=I, banks=banks, activation="swigluoai", options=opts
+    )
+    x = (3.0 * rng.standard_normal((T, H))).astype(BF16)
+    ids = random_routes(rng, T, top_k, E)
+    w = rng.random((T, top_k)).astype(np.float32)
+    ref, scale = reference(banks, x, ids, w, I, B, "swigluoai", alpha=1.5, limit=2.0)
+    assert_close_to_reference(ex.run(3, x, ids, w), ref, scale, isa)
+
+
+@pytest.mark.parametrize("isa", TIERS)
+def test_router_weight_on_input(isa: str) -> None:
+    rng = np.random.default_rng(11)
+    E, H, I, top_k, T = 3, 64, 32, 2, 3
+    banks = make_layer(rng, E, H, I, 128)
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=4, num_threads=1, isa=isa)
+    ex.add_layer(0, "fp8_block", num_experts=E, intermediate=I, banks=banks, router_weight_on_input=True)
+    x = rng.standard_normal((T, H)).astype(BF16)
+    ids = np.array([[0, 2], [1, -1], [2, 2]], dtype=np.int32)
+    w = (0.5 + rng.random((T, top_k))).astype(np.float32)
+    ref, scale = reference(banks, x, ids, w, I, 128, "silu", on_input=True)
+    assert_close_to_reference(ex.run(0, x, ids, w), ref, scale, isa)
+
+
+@pytest.mark.parametrize("isa", TIERS)
+def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
+    rng = np.random.default_rng(3)
+    E, H, I, top_k, T, B = 8, 300, 200, 6, 8, 64
+    banks = make_layer(rng, E, H, I, B)
+    x = rng.standard_normal((T, H)).astype(BF16)
+    ids = random_routes(rng, T, top_k, E)
+    w = rng.random((T, top_k)).astype(np.float32)
+    outs = []
+    for threads in (1, 2, 3, 5):
+        ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T, num_threads=threads, isa=isa)
+        assert ex.num_threads == threads
+        ex.add_layer(0, "fp8_block", num_experts=E, intermediate=I, banks=banks, options={"block_size": B})
+        outs.append(ex.run(0, x, ids, w).view(np.uint16).copy())
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+
+
+E_, H_, I_ = 4, 64, 40  # errors: nb(I) = 1 at B=128, 3 at B=16
+
+
+def _banks(B: int = 128) -> dict[str, np.ndarray]:
+    return {
+        "w13": np.zeros((E_, 2 * I_, H_), np.uint8),
+        "w13_scale": np.ones((E_, 2 * nb(I_, B), nb(H_, B)), np.float32),
+        "w2": np.zeros((E_, H_, I_), np.uint8),
+        "w2_scale": np.ones((E_, nb(H_, B), nb(I_, B)), np.float32),
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (
+            lambda b, o: b.update(w13=np.zeros((E_, 2 * I_, H_ + 1), np.uint8)),
+            r"layer 0 \(fp8_block\): bank 'w13' has 20800 bytes; expected 20480 bytes \(\[4, 80, 64\] u8\)",
+        ),
+        (
+            lambda b, o: b.update(w13_scale=np.ones((E_, 1, 1), np.float32)),
+            r"bank 'w13_scale' has 16 bytes; expected 32 bytes \(\[4, 2, 1\] f32\)",
+        ),
+        (
+            lambda b, o: b.update(w2=np.zeros((E_, H_, I_), np.float16)),
+            r"bank 'w2' has dtype float16; expected \[4, 64, 40\] u8",
+        ),
+        (
+            lambda b, o: b.update(w2_scale=np.ones((E_, 1, 1), BF16)),
+            r"bank 'w2_scale' has dtype bfloat16; expected \[4, 1, 1\] f32",
+        ),
+        (lambda b, o: b.pop("w2_scale"), r"missing bank 'w2_scale'; expected \[4, 1, 1\] f32"),
+        (lambda b, o: b.pop("w13"), r"missing bank 'w13'; expected \[4, 80, 64\] u8"),
+        (lambda b, o: b.update(w2_bias=np.zeros((E_, H_ + 1), np.float32)), r"bank 'w2_bias' has 1040 bytes"),
+        (
+            lambda b, o: b.update(weight_scale_inv=np.ones(4, np.float32)),
+            r"bank 'weight_scale_inv' is not used",
+        ),
+        (lambda b, o: o.update(blocksize=64), r"option 'blocksize' is not used"),
+        # block_size=16 wants [4, 2*3, 4] scales for w13; the B=128 banks have [4, 2, 1].
+        (
+            lambda b, o: o.update(block_size=16),
+            r"bank 'w13_scale' has 32 bytes; expected 384 bytes \(\[4, 6, 4\] f32\)",
+        ),
+        (lambda b, o: o.update(block_size=0), r"option 'block_size' must be an integer in \[1, 65536\]"),
+        (lambda b, o: o.update(block_size=64.5), r"option 'block_size' must be an integer"),
+    ],
+)
+def test_add_layer_errors_name_the_bank_and_shape(change, match: str) -> None:
+    ex = fk.MoeExecutor(hidden=H_, top_k=2, max_tokens=4)
+    banks, opts = _banks(), {}
+    change(banks, opts)
+    with pytest.raises(ValueError, match=match):
+        ex.add_layer(0, "fp8_block", num_experts=E_, intermediate=I_, banks=banks, options=opts)
+    assert ex.layers == []
+
+
+def test_block_size_option_sets_the_scale_grid() -> None:
+    ex = fk.MoeExecutor(hidden=H_, top_k=2, max_tokens=4)
+    ex.add_layer(
+        0, "fp8_block", num_experts=E_, intermediate=I_, banks=_banks(16), options={"block_size": 16}
+    )
+    assert ex.layers == [0]
+
+
+def test_reference_decoding_is_ml_dtypes() -> None:
+    # The reference decodes with ml_dtypes; pin a few codes so that a change there cannot go unnoticed.
+    vals = np.array([0x00, 0x01, 0x08, 0x38, 0x7E, 0x80, 0xB8, 0xFE], np.uint8).view(E4M3).astype(np.float64)
+    np.testing.assert_array_equal(vals, [0.0, 2.0**-9, 2.0**-6, 1.0, 448.0, -0.0, -1.0, -448.0])

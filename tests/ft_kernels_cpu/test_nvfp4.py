@@ -1,0 +1,244 @@
+"""nvfp4 (ModelOpt NVFP4) against ml_dtypes dequantization and the float64 reference."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import ft_kernels_cpu as fk
+from helpers.moe_reference import BF16, moe_reference, random_routes
+
+TIERS = fk.isa_tiers()
+ACTIVATIONS = ["silu", "gelu", "gelu_tanh", "swigluoai", "swiglu_clamp"]
+E4M3 = ml_dtypes.float8_e4m3fn
+E2M1 = ml_dtypes.float4_e2m1fn
+
+
+def e4m3_codes(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Uniform e4m3fn codes (subnormals, zeros and negatives included) without the NaNs 0x7f / 0xff."""
+    codes = rng.integers(0, 254, size=shape).astype(np.uint8)
+    codes[codes >= 0x7F] += 1
+    return codes
+
+
+def dequant(packed: np.ndarray, scale: np.ndarray, scale_2: np.ndarray) -> np.ndarray:
+    """float64 weights [..., R, K] from packed e2m1 pairs [..., R, K/2] (low nibble first), e4m3 scales
+    [..., R, K/16] and per-row f32 global scales [..., R], all decoded by ml_dtypes."""
+    codes = np.empty((*packed.shape[:-1], 2 * packed.shape[-1]), np.uint8)
+    codes[..., 0::2] = packed & 0x0F
+    codes[..., 1::2] = packed >> 4
+    vals = codes.view(E2M1).astype(np.float64)
+    s = np.repeat(scale.view(E4M3).astype(np.float64), 16, axis=-1)
+    return vals * s * scale_2.astype(np.float64)[..., None]
+
+
+def make_layer(rng: np.random.Generator, E: int, H: int, I: int, bias: bool = False):
+    # Random e4m3 scale codes span 2^-9..448 (rms ~ 110) and e2m1 values have rms ~ 3: the global
+    # scale brings dot products to O(1).
+    banks = {
+        "w13": rng.integers(0, 256, size=(E, 2 * I, H // 2)).astype(np.uint8),
+        "w13_scale": e4m3_codes(rng, (E, 2 * I, H // 16)),
+        "w13_scale_2": ((0.5 + rng.random((E, 2 * I))) / (330.0 * np.sqrt(H))).astype(np.float32),
+        "w2": rng.integers(0, 256, size=(E, H, I // 2)).astype(np.uint8),
+        "w2_scale": e4m3_codes(rng, (E, H, I // 16)),
+        "w2_scale_2": ((0.5 + rng.random((E, H))) / (330.0 * np.sqrt(I))).astype(np.float32),
+    }
+    if bias:
+        banks["w13_bias"] = (0.1 * rng.standard_normal((E, 2 * I))).astype(np.float32)
+        banks["w2_bias"] = (0.1 * rng.standard_normal((E, H))).astype(np.float32)
+    return banks
+
+
+def reference(banks, x, ids, w, I, act, on_input=False, **opts):
+    w13 = dequant(banks["w13"], banks["w13_scale"], banks["w13_scale_2"])
+    down = dequant(banks["w2"], banks["w2_scale"], banks["w2_scale_2"])
+    b13 = banks.get("w13_bias")
+    return moe_reference(
+        x,
+        ids,
+        w,
+        w13[:, :I],
+        w13[:, I:],
+        down,
+        act,
+        b_gate=None if b13 is None else b13[:, :I].astype(np.float64),
+        b_up=None if b13 is None else b13[:, I:].astype(np.float64),
+        b_down=None if "w2_bias" not in banks else banks["w2_bias"].astype(np.float64),
+        router_weight_on_input=on_input,
+        **opts,
+    )
+
+
+def assert_close_to_reference(y: np.ndarray, ref: np.ndarray, scale: np.ndarray, isa: str) -> None:
+    # Each group's e2m1 x fp32 products are summed in fp32 and scaled by the exact e4m3 value, then
+    # the row by its f32 global scale: fp32 accumulation error only (K * 2^-24 of the magnitude sum,
+    # far below 2^-11 here), plus the bf16 rounding of y (<= 2^-9 relative; 2^-8 leaves a factor 2).
+    # The avx512_bf16 tier multiplies bf16 x (exact) with VDPBF16PS but also rounds the intermediate
+    # to bf16 before the down projection: each term off by <= 2^-9 relative, the sum by <= 2^-9 *
+    # scale (2^-8 leaves a factor 2), as in the bf16 format.
+    c = 2.0**-8 if isa == "avx512_bf16" else 2.0**-11
+    bound = 2.0**-8 * np.abs(ref) + c * scale + 1e-30
+    err = np.abs(y.astype(np.float64) - ref)
+    worst = np.unravel_index(np.argmax(err / bound), err.shape)
+    assert np.all(err <= bound), (
+        f"{isa}: error {err[worst]:.3g} at {worst} exceeds bound {bound[worst]:.3g} (ref {ref[worst]:.4g})"
+    )
+
+
+def run_case(isa, act, T, rng, E=5, H=None, I=None, top_k=4, threads=2):
+    # Multiples of 16 with odd group counts: H over 256 (the 256-element main loop) and not, chunks of
+    # 32 with a last group of 16, intermediate blocks of 32 rows ending in 16.
+    H = H or 16 * int(rng.integers(2, 24))
+    I = I or 16 * int(rng.integers(1, 8))
+    banks = make_layer(rng, E, H, I)
+    opts = {"limit": 3.0} if act == "swiglu_clamp" else {}
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=8, num_threads=threads, isa=isa)
+    ex.add_layer(0, "nvfp4", num_experts=E, intermediate=I, banks=banks, activation=act, options=opts)
+    x = (2.0 * rng.standard_normal((T, H))).astype(BF16)
+    ids = random_routes(rng, T, top_k, E)
+    w = rng.random((T, top_k)).astype(np.float32)
+    y = ex.run(0, x, ids, w)
+    assert y.dtype == BF16 and y.shape == (T, H)
+    ref, scale = reference(banks, x, ids, w, I, act, **opts)
+    assert_close_to_reference(y, ref, scale, isa)
+
+
+@pytest.mark.parametrize("T", [1, 3, 8])
+@pytest.mark.parametrize("act", ACTIVATIONS)
+@pytest.mark.parametrize("isa", TIERS)
+def test_matches_float64_reference(isa: str, act: str, T: int) -> None:
+    rng = np.random.default_rng([TIERS.index(isa), ACTIVATIONS.index(act), T, 4])
+    run_case(isa, act, T, rng)
+
+
+@pytest.mark.parametrize(("H", "I"), [(16, 16), (272, 48), (528, 112), (2048, 96)])
+@pytest.mark.parametrize("isa", TIERS)
+def test_edge_shapes(isa: str, H: int, I: int) -> None:
+    # One group per row; one 256-block plus a last group; two blocks plus 32 + 16; whole blocks.
+    run_case(isa, "silu", 3, np.random.default_rng([H, I]), E=3, H=H, I=I, top_k=2)
+
+
+@pytest.mark.parametrize("isa", TIERS)
+def test_biases_and_swigluoai_options(isa: str) -> None:
+    rng = np.random.default_rng(7)
+    E, H, I, top_k, T = 4, 96, 48, 4, 3
+    banks = make_layer(rng, E, H, I, bias=True)
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=4, num_threads=2, isa=isa)
+    opts = {"alpha": 1.5, "limit": 2.0}
+    ex.add_layer(3, "nvfp4", num_experts=E, intermediate=I, banks=banks, activation="swigluoai", options=opts)
+    x = (3.0 * rng.standard_normal((T, H))).astype(BF16)
+    ids = random_routes(rng, T, top_k, E)
+    w = rng.random((T, top_k)).astype(np.float32)
+    ref, scale = reference(banks, x, ids, w, I, "swigluoai", **opts)
+    assert_close_to_reference(ex.run(3, x, ids, w), ref, scale, isa)
+
+
+@pytest.mark.parametrize("isa", TIERS)
+def test_router_weight_on_input(isa: str) -> None:
+    rng = np.random.default_rng(11)
+    E, H, I, top_k, T = 3, 64, 32, 2, 3
+    banks = make_layer(rng, E, H, I)
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=4, num_threads=1, isa=isa)
+    ex.add_layer(0, "nvfp4", num_experts=E, intermediate=I, banks=banks, router_weight_on_input=True)
+    x = rng.standard_normal((T, H)).astype(BF16)
+    ids = np.array([[0, 2], [1, -1], [2, 2]], dtype=np.int32)
+    w = (0.5 + rng.random((T, top_k))).astype(np.float32)
+    ref, scale = reference(banks, x, ids, w, I, "silu", on_input=True)
+    assert_close_to_reference(ex.run(0, x, ids, w), ref, scale, isa)
+
+
+@pytest.mark.parametrize("isa", TIERS)
+def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
+    rng = np.random.default_rng(3)
+    E, H, I, top_k, T = 8, 304, 208, 6, 8
+    banks = make_layer(rng, E, H, I)
+    x = rng.standard_normal((T, H)).astype(BF16)
+    ids = random_routes(rng, T, top_k, E)
+    w = rng.random((T, top_k)).astype(np.float32)
+    outs = []
+    for threads in (1, 2, 3, 5):
+        ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T, num_threads=threads, isa=isa)
+        assert ex.num_threads == threads
+        ex.add_layer(0, "nvfp4", num_experts=E, intermediate=I, banks=banks)
+        outs.append(ex.run(0, x, ids, w).view(np.uint16).copy())
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+
+
+E_, H_, I_ = 4, 64, 48
+
+
+def _banks() -> dict[str, np.ndarray]:
+    return {
+        "w13": np.zeros((E_, 2 * I_, H_ // 2), np.uint8),
+        "w13_scale": np.zeros((E_, 2 * I_, H_ // 16), np.uint8),
+        "w13_scale_2": np.ones((E_, 2 * I_), np.float32),
+        "w2": np.zeros((E_, H_, I_ // 2), np.uint8),
+        "w2_scale": np.zeros((E_, H_, I_ // 16), np.uint8),
+        "w2_scale_2": np.ones((E_, H_), np.float32),
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (
+            lambda b: b.update(w13=np.zeros((E_, 2 * I_, H_), np.uint8)),
+            r"layer 0 \(nvfp4\): bank 'w13' has 24576 bytes; expected 12288 bytes \(\[4, 96, 32\] u8\)",
+        ),
+        (
+            lambda b: b.update(w13_scale=np.zeros((E_, 2 * I_, H_ // 32), np.uint8)),
+            r"bank 'w13_scale' has 768 bytes; expected 1536 bytes \(\[4, 96, 4\] u8\)",
+        ),
+        (
+            lambda b: b.update(w13_scale_2=np.ones(E_, np.float32)),
+            r"bank 'w13_scale_2' has 16 bytes; expected 1536 bytes \(\[4, 96\] f32\)",
+        ),
+        (
+            lambda b: b.update(w2_scale_2=np.ones((E_, H_), np.float16)),
+            r"bank 'w2_scale_2' has dtype float16; expected \[4, 64\] f32",
+        ),
+        (
+            lambda b: b.update(w2=np.zeros((E_, H_, I_ // 4), np.uint16)),
+            r"bank 'w2' has dtype uint16; expected \[4, 64, 24\] u8",
+        ),
+        (lambda b: b.pop("w2_scale"), r"missing bank 'w2_scale'; expected \[4, 64, 3\] u8"),
+        (lambda b: b.pop("w13_scale_2"), r"missing bank 'w13_scale_2'; expected \[4, 96\] f32"),
+        (lambda b: b.update(input_scale=np.ones(1, np.float32)), r"bank 'input_scale' is not used"),
+    ],
+)
+def test_add_layer_errors_name_the_bank_and_shape(change, match: str) -> None:
+    ex = fk.MoeExecutor(hidden=H_, top_k=2, max_tokens=4)
+    banks = _banks()
+    change(banks)
+    with pytest.raises(ValueError, match=match):
+        ex.add_layer(0, "nvfp4", num_experts=E_, intermediate=I_, banks=banks)
+    assert ex.layers == []
+
+
+def test_unknown_option_is_refused() -> None:
+    ex = fk.MoeExecutor(hidden=H_, top_k=2, max_tokens=4)
+    with pytest.raises(ValueError, match=r"option 'block_size' is not used"):
+        ex.add_layer(0, "nvfp4", num_experts=E_, intermediate=I_, banks=_banks(), options={"block_size": 16})
+
+
+@pytest.mark.parametrize(("H", "I", "what"), [(72, 48, "hidden=72"), (64, 40, "intermediate=40")])
+def test_sizes_must_be_multiples_of_16(H: int, I: int, what: str) -> None:
+    ex = fk.MoeExecutor(hidden=H, top_k=2, max_tokens=4)
+    banks = {"w13": np.zeros(1, np.uint8)}
+    with pytest.raises(
+        ValueError, match=rf"nvfp4 needs hidden and intermediate to be multiples of 16.*{what}"
+    ):
+        ex.add_layer(0, "nvfp4", num_experts=2, intermediate=I, banks=banks)
+
+
+def test_reference_decoding_is_ml_dtypes() -> None:
+    # Pin ml_dtypes' e2m1 table and the nibble order the reference assumes (low nibble first).
+    np.testing.assert_array_equal(
+        np.arange(16, dtype=np.uint8).view(E2M1).astype(np.float64),
+        [0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6],
+    )
+    packed = np.array([[0x72] * 8], np.uint8)  # element 0 = 1.0 (code 2), element 1 = 6.0 (code 7)
+    w = dequant(packed, np.array([[0x38]], np.uint8), np.array([0.5], np.float32))
+    np.testing.assert_array_equal(w[0, :2], [0.5, 3.0])
