@@ -22,8 +22,9 @@
 #if FT_X86
 #define FT_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define FT_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+// The top tier: AVX512-BF16 (VDPBF16PS) and AVX512-VNNI (VPDPBUSD, for int8-activation paths).
 #define FT_TARGET_AVX512_BF16 \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,fma")))
 #endif
 
 namespace ft {
