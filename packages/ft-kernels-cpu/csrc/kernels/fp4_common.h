@@ -1,0 +1,51 @@
+// Shared pieces of the FP4 formats (mxfp4, ds_fp4): e2m1 values in blocks of 32 with one e8m0 scale
+// per block, two values per byte (low nibble = element 2j, high nibble = element 2j+1).
+//
+// A row of K elements is K/2 bytes of nibbles plus K/32 scale bytes; the rows of a matrix are
+// contiguous in both arrays. The row kernels take the vector they multiply in a per-tier "prepared"
+// layout (prep_vec), made once per token or route, so that no lane shuffle of the vector is left in
+// the weight stream:
+//   scalar       fp32, natural order
+//   avx2/avx512  fp32, each block of 32 split into its 16 even then its 16 odd elements (the low
+//                and high nibbles of the 16 bytes of a block)
+//   avx512_bf16  bf16, natural order (VDPBF16PS takes the pairs as the bytes hold them)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common.h"
+
+namespace ft {
+namespace fp4 {
+
+// e2m1 (OCP MX FP4): sign bit 3, exponent bits 2..1 (bias 1), mantissa bit 0.
+extern const float kE2m1[16];
+// e8m0: 2^(s - 127); 255 is NaN. 0 is 2^-127 (an fp32 denormal). Filled while the module loads.
+struct E8m0Table {
+  float v[256];
+  E8m0Table();
+};
+extern const E8m0Table kE8m0;
+
+// Bytes of a prepared vector of K elements for the kernels of `isa`.
+size_t vec_bytes(Isa isa, int K);
+
+// Prepares elements [i0, i1) of a vector (both multiples of 32), given as v[i - i0], into `out`, the
+// prepared vector of the whole length.
+void prep_vec(Isa isa, const float* v, int i0, int i1, void* out);
+
+// out[r] = sum_k W[r, k] * x[k] for r in [0, nrows) with W[r, k] = e2m1(nibble) * e8m0(S[r, k / 32]);
+// W holds nrows contiguous rows of K/2 bytes, S nrows contiguous rows of K/32 bytes; K % 32 == 0;
+// x is prepared (prep_vec) for `isa`. fp32 accumulation. `prefetch`: software prefetch distance
+// within the weight stream in bytes (0: off).
+void dot_rows(Isa isa, const uint8_t* W, const uint8_t* S, int nrows, const void* x, int K, float* out,
+              int prefetch);
+
+// Round trip through fp8 e4m3fn with one power-of-two (ue8m0) scale per block of `block` elements:
+// amax = max |v|, s = 2^ceil(log2(max(amax, 1e-4) / 448)), out = e4m3fn_rne_sat(v / s) * s. The last
+// block may be short. Exact fp32 arithmetic (the scale is a power of two), no ISA dependence.
+void fp8_round_trip(const float* v, int n, int block, float* out);
+
+}  // namespace fp4
+}  // namespace ft

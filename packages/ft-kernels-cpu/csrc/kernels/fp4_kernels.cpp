@@ -1,0 +1,294 @@
+// Row kernels of the FP4 formats (fp4_common.h), one per ISA tier, the prepared-vector layouts and
+// the fp8 e4m3 activation round trip. No format is registered here: mxfp4.cpp and ds_fp4.cpp use it.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "fp4_common.h"
+
+namespace ft {
+namespace fp4 {
+
+const float kE2m1[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
+                         -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+
+E8m0Table::E8m0Table() {
+  for (int s = 0; s < 255; ++s) v[s] = std::ldexp(1.f, s - 127);
+  v[255] = std::nanf("");
+}
+const E8m0Table kE8m0;
+
+namespace {
+
+// Software prefetch `dist` bytes ahead within one stream (see bf16.cpp: the hardware prefetchers of
+// Intel cores stop at 4 KiB pages). Prefetches never fault, but stay inside the stream anyway.
+struct Prefetch {
+  const char* end;
+  int dist;
+  void ahead(const void* p) const {
+    const char* q = static_cast<const char*>(p) + dist;
+    if (q < end) prefetch(q);
+  }
+  void start(const void* p) const {
+    const char* q = static_cast<const char*>(p);
+    for (const char* e = std::min(end, q + dist); q < e; q += 64) prefetch(q);
+  }
+  static void prefetch(const char* q) {
+#if FT_X86
+    _mm_prefetch(q, _MM_HINT_T0);
+#else
+    __builtin_prefetch(q);
+#endif
+  }
+};
+
+// Weights and scales of one call: two streams, the scales 1/16 of the weights.
+struct Streams {
+  Prefetch w, s;
+};
+
+void dot_rows_scalar(const uint8_t* W, const uint8_t* S, int nrows, const float* x, int K, float* out) {
+  const int nb = K / 32;
+  for (int r = 0; r < nrows; ++r) {
+    const uint8_t* w = W + static_cast<size_t>(r) * (K / 2);
+    const uint8_t* s = S + static_cast<size_t>(r) * nb;
+    float acc = 0.f;
+    for (int b = 0; b < nb; ++b) {
+      float t = 0.f;
+      for (int j = 0; j < 16; ++j) {
+        const uint8_t v = w[16 * b + j];
+        t += kE2m1[v & 15] * x[32 * b + 2 * j] + kE2m1[v >> 4] * x[32 * b + 2 * j + 1];
+      }
+      acc += t * kE8m0.v[s[b]];
+    }
+    out[r] = acc;
+  }
+}
+
+#if FT_X86
+
+FT_TARGET_AVX2 inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// One block of 32: 2 * e2m1 as int8 through PSHUFB, widened to fp32; x holds the block's 16 even
+// then 16 odd elements. Returns 2 * (block . x) in 8 lanes.
+FT_TARGET_AVX2 inline __m256 block_avx2(const uint8_t* w, const float* x) {
+  const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+  const __m128i m = _mm_set1_epi8(0x0f);
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
+  const __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(b, m));
+  const __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(b, 4), m));
+  const __m256 l0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+  const __m256 l1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(lo, lo)));
+  const __m256 h0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+  const __m256 h1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(hi, hi)));
+  __m256 t = _mm256_mul_ps(l0, _mm256_loadu_ps(x));
+  t = _mm256_fmadd_ps(l1, _mm256_loadu_ps(x + 8), t);
+  t = _mm256_fmadd_ps(h0, _mm256_loadu_ps(x + 16), t);
+  return _mm256_fmadd_ps(h1, _mm256_loadu_ps(x + 24), t);
+}
+
+FT_TARGET_AVX2 void dot_rows_avx2(const uint8_t* W, const uint8_t* S, int nrows, const float* x, int K,
+                                  float* out, const Streams& pf) {
+  const int nb = K / 32;
+  for (int r = 0; r < nrows; ++r) {
+    const uint8_t* w = W + static_cast<size_t>(r) * (K / 2);
+    const uint8_t* s = S + static_cast<size_t>(r) * nb;
+    if (pf.s.dist) pf.s.ahead(s);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int b = 0;
+    for (; b + 4 <= nb; b += 4) {
+      if (pf.w.dist) pf.w.ahead(w + 16 * b);
+      a0 = _mm256_fmadd_ps(block_avx2(w + 16 * b, x + 32 * b), _mm256_set1_ps(kE8m0.v[s[b]]), a0);
+      a1 = _mm256_fmadd_ps(block_avx2(w + 16 * b + 16, x + 32 * b + 32), _mm256_set1_ps(kE8m0.v[s[b + 1]]), a1);
+      a2 = _mm256_fmadd_ps(block_avx2(w + 16 * b + 32, x + 32 * b + 64), _mm256_set1_ps(kE8m0.v[s[b + 2]]), a2);
+      a3 = _mm256_fmadd_ps(block_avx2(w + 16 * b + 48, x + 32 * b + 96), _mm256_set1_ps(kE8m0.v[s[b + 3]]), a3);
+    }
+    for (; b < nb; ++b) {
+      a0 = _mm256_fmadd_ps(block_avx2(w + 16 * b, x + 32 * b), _mm256_set1_ps(kE8m0.v[s[b]]), a0);
+    }
+    // The LUT held 2 * e2m1: halve (exact).
+    out[r] = 0.5f * hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  }
+}
+
+// One block of 32 through VPERMPS (16-entry fp32 table, low 4 bits of each index); x holds the 16
+// even then the 16 odd elements of the block.
+FT_TARGET_AVX512 inline __m512 block_avx512(const uint8_t* w, const float* x, __m512 lut) {
+  const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+  const __m512 lo = _mm512_permutexvar_ps(d, lut);
+  const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), lut);
+  return _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + 16), _mm512_mul_ps(lo, _mm512_loadu_ps(x)));
+}
+
+FT_TARGET_AVX512 void dot_rows_avx512(const uint8_t* W, const uint8_t* S, int nrows, const float* x, int K,
+                                     float* out, const Streams& pf) {
+  const int nb = K / 32;
+  const __m512 lut = _mm512_loadu_ps(kE2m1);
+  for (int r = 0; r < nrows; ++r) {
+    const uint8_t* w = W + static_cast<size_t>(r) * (K / 2);
+    const uint8_t* s = S + static_cast<size_t>(r) * nb;
+    if (pf.s.dist) pf.s.ahead(s);
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int b = 0;
+    for (; b + 4 <= nb; b += 4) {
+      if (pf.w.dist) pf.w.ahead(w + 16 * b);
+      a0 = _mm512_fmadd_ps(block_avx512(w + 16 * b, x + 32 * b, lut), _mm512_set1_ps(kE8m0.v[s[b]]), a0);
+      a1 = _mm512_fmadd_ps(block_avx512(w + 16 * b + 16, x + 32 * b + 32, lut), _mm512_set1_ps(kE8m0.v[s[b + 1]]),
+                           a1);
+      a2 = _mm512_fmadd_ps(block_avx512(w + 16 * b + 32, x + 32 * b + 64, lut), _mm512_set1_ps(kE8m0.v[s[b + 2]]),
+                           a2);
+      a3 = _mm512_fmadd_ps(block_avx512(w + 16 * b + 48, x + 32 * b + 96, lut), _mm512_set1_ps(kE8m0.v[s[b + 3]]),
+                           a3);
+    }
+    for (; b < nb; ++b) {
+      a0 = _mm512_fmadd_ps(block_avx512(w + 16 * b, x + 32 * b, lut), _mm512_set1_ps(kE8m0.v[s[b]]), a0);
+    }
+    out[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  }
+}
+
+// One block of 32 as bf16 pairs: each byte widened to a dword, its low nibble moved to the low word
+// and its high nibble to the high word ((d | d << 12) & 0x000f000f), both looked up at once by
+// VPERMW in a table of the 16 e2m1 values as bf16 (exact), then VDPBF16PS against x (bf16, natural
+// order). Each product is exact in fp32.
+FT_TARGET_AVX512_BF16 inline __m512 block_bf16(const uint8_t* w, const uint16_t* x, __m512i lut, __m512i mask) {
+  const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+  const __m512i idx = _mm512_ternarylogic_epi32(d, _mm512_slli_epi32(d, 12), mask, 0xA8);  // (A | B) & C
+  const __m512i wv = _mm512_permutexvar_epi16(idx, lut);
+  return _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)wv, (__m512bh)_mm512_loadu_si512(x));
+}
+
+FT_TARGET_AVX512_BF16 void dot_rows_bf16(const uint8_t* W, const uint8_t* S, int nrows, const uint16_t* x, int K,
+                                         float* out, const Streams& pf) {
+  const int nb = K / 32;
+  alignas(64) uint16_t table[32];
+  for (int i = 0; i < 32; ++i) table[i] = f32_to_bf16(kE2m1[i & 15]);
+  const __m512i lut = _mm512_load_si512(table);
+  const __m512i mask = _mm512_set1_epi32(0x000f000f);
+  for (int r = 0; r < nrows; ++r) {
+    const uint8_t* w = W + static_cast<size_t>(r) * (K / 2);
+    const uint8_t* s = S + static_cast<size_t>(r) * nb;
+    if (pf.s.dist) pf.s.ahead(s);
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int b = 0;
+    for (; b + 4 <= nb; b += 4) {
+      if (pf.w.dist) pf.w.ahead(w + 16 * b);
+      a0 = _mm512_fmadd_ps(block_bf16(w + 16 * b, x + 32 * b, lut, mask), _mm512_set1_ps(kE8m0.v[s[b]]), a0);
+      a1 = _mm512_fmadd_ps(block_bf16(w + 16 * b + 16, x + 32 * b + 32, lut, mask),
+                           _mm512_set1_ps(kE8m0.v[s[b + 1]]), a1);
+      a2 = _mm512_fmadd_ps(block_bf16(w + 16 * b + 32, x + 32 * b + 64, lut, mask),
+                           _mm512_set1_ps(kE8m0.v[s[b + 2]]), a2);
+      a3 = _mm512_fmadd_ps(block_bf16(w + 16 * b + 48, x + 32 * b + 96, lut, mask),
+                           _mm512_set1_ps(kE8m0.v[s[b + 3]]), a3);
+    }
+    for (; b < nb; ++b) {
+      a0 = _mm512_fmadd_ps(block_bf16(w + 16 * b, x + 32 * b, lut, mask), _mm512_set1_ps(kE8m0.v[s[b]]), a0);
+    }
+    out[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  }
+}
+
+#endif  // FT_X86
+
+// e4m3fn value nearest to y (ties to even), saturated to +-448; y finite.
+float e4m3_rne_sat(float y) {
+  const float a = std::fabs(y);
+  float r;
+  if (a < 0.015625f) {
+    // Below 2^-6 the grid is the subnormal step 2^-9 (scaling by 512 is exact; nearbyint rounds to
+    // nearest even in the default rounding mode).
+    r = std::nearbyint(a * 512.f) * (1.f / 512.f);
+  } else {
+    // Keep 3 mantissa bits, rounding to nearest even; a carry moves into the exponent as it should.
+    uint32_t bits;
+    std::memcpy(&bits, &a, sizeof bits);
+    bits = (bits + 0x7ffffu + ((bits >> 20) & 1u)) & ~0xfffffu;
+    std::memcpy(&r, &bits, sizeof r);
+  }
+  return std::copysign(std::min(r, 448.f), y);
+}
+
+}  // namespace
+
+size_t vec_bytes(Isa isa, int K) {
+  return static_cast<size_t>(K) * (isa == Isa::avx512_bf16 ? sizeof(uint16_t) : sizeof(float));
+}
+
+void prep_vec(Isa isa, const float* v, int i0, int i1, void* out) {
+  switch (isa) {
+    case Isa::avx512_bf16: {
+      uint16_t* o = static_cast<uint16_t*>(out);
+      for (int i = i0; i < i1; ++i) o[i] = f32_to_bf16(v[i - i0]);
+      return;
+    }
+    case Isa::avx512:
+    case Isa::avx2: {
+      float* o = static_cast<float*>(out);
+      for (int b = i0; b < i1; b += 32) {
+        for (int j = 0; j < 16; ++j) {
+          o[b + j] = v[b - i0 + 2 * j];
+          o[b + 16 + j] = v[b - i0 + 2 * j + 1];
+        }
+      }
+      return;
+    }
+    case Isa::scalar:
+      break;
+  }
+  std::memcpy(static_cast<float*>(out) + i0, v, sizeof(float) * (i1 - i0));
+}
+
+void dot_rows(Isa isa, const uint8_t* W, const uint8_t* S, int nrows, const void* x, int K, float* out,
+              int prefetch) {
+  if (nrows <= 0) return;
+#if FT_X86
+  const size_t wbytes = static_cast<size_t>(nrows) * (K / 2), sbytes = static_cast<size_t>(nrows) * (K / 32);
+  const Streams pf{{reinterpret_cast<const char*>(W) + wbytes, prefetch},
+                   {reinterpret_cast<const char*>(S) + sbytes, prefetch / 16}};
+  if (prefetch) {
+    pf.w.start(W);
+    pf.s.start(S);
+  }
+  switch (isa) {
+    case Isa::avx512_bf16:
+      dot_rows_bf16(W, S, nrows, static_cast<const uint16_t*>(x), K, out, pf);
+      return;
+    case Isa::avx512:
+      dot_rows_avx512(W, S, nrows, static_cast<const float*>(x), K, out, pf);
+      return;
+    case Isa::avx2:
+      dot_rows_avx2(W, S, nrows, static_cast<const float*>(x), K, out, pf);
+      return;
+    case Isa::scalar:
+      break;
+  }
+#else
+  (void)prefetch;
+  if (isa != Isa::scalar) throw Error("fp4 kernels: ISA tier " + std::string(isa_name(isa)) + " needs x86");
+#endif
+  dot_rows_scalar(W, S, nrows, static_cast<const float*>(x), K, out);
+}
+
+void fp8_round_trip(const float* v, int n, int block, float* out) {
+  for (int b0 = 0; b0 < n; b0 += block) {
+    const int b1 = std::min(n, b0 + block);
+    float amax = 0.f;
+    for (int i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(v[i]));
+    float s = std::max(amax, 1e-4f) / 448.f;
+    // s >= 1e-4 / 448 is a normal float: rounding up to a power of two is clearing the mantissa and
+    // bumping the exponent when any mantissa bit is set.
+    uint32_t bits;
+    std::memcpy(&bits, &s, sizeof bits);
+    if (bits & 0x7fffffu) bits = (bits & 0xff800000u) + 0x800000u;
+    std::memcpy(&s, &bits, sizeof s);
+    for (int i = b0; i < b1; ++i) out[i] = e4m3_rne_sat(v[i] / s) * s;
+  }
+}
+
+}  // namespace fp4
+}  // namespace ft
