@@ -74,9 +74,10 @@ def run_layer(isa, banks, x, ids, w, E, I, act="silu", act_block=128, threads=2,
     return ex.run(0, x, ids, w)
 
 
-# Row lengths of 1..9 blocks of 32 (kernel unroll tails); with act_block 128 most have a short last
-# activation block; I = 160, 288 split into a full and a partial pass-1 unit of 128 rows.
-SHAPES = [(32, 96), (96, 32), (160, 160), (224, 64), (288, 288)]
+# Rows of 1, 3, 5, 7, 9, 17 and 19 blocks of 32 hit every tail of the kernels (steps of 4 blocks,
+# scales 16 blocks at a time); with act_block 128 most have a short last activation block;
+# I = 160, 288, 544 split into full and partial pass-1 units of 128 rows.
+SHAPES = [(32, 96), (96, 32), (160, 160), (224, 64), (288, 288), (608, 160), (160, 544)]
 CASES = [("silu", 1), ("silu", 3), ("silu", 8)] + [(a, 3) for a in ACTIVATIONS[1:]]
 
 
@@ -163,7 +164,7 @@ def test_round_trips_are_bit_exact(isa: str, act_block: int) -> None:
 @pytest.mark.parametrize("isa", TIERS)
 def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
     rng = np.random.default_rng(3)
-    E, H, I, top_k, T = 8, 288, 288, 4, 8
+    E, H, I, top_k, T = 8, 608, 544, 4, 8
     banks = make_layer(rng, E, H, I)
     x = rng.standard_normal((T, H)).astype(BF16)
     ids = random_routes(rng, T, top_k, E)

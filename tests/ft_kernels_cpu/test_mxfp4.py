@@ -62,9 +62,9 @@ def run_layer(isa, banks, x, ids, w, E, I, act="silu", threads=2, opts=None):
     return ex.run(0, x, ids, w)
 
 
-# Odd block counts per row (1, 3, 5, 7, 9 blocks of 32) hit the kernels' 4-block unroll tails;
-# I = 96 and 160 split into a full and a partial pass-1 unit of 64 rows.
-SHAPES = [(32, 96), (96, 32), (160, 160), (224, 64), (288, 96)]
+# Rows of 1, 3, 5, 7, 9, 17 and 19 blocks of 32 hit every tail of the kernels (steps of 4 blocks,
+# scales 16 blocks at a time); I = 160, 544 split into full and partial pass-1 units of 128 rows.
+SHAPES = [(32, 96), (96, 32), (160, 160), (224, 64), (288, 96), (608, 160), (160, 544)]
 
 
 # silu at every batch size, the other activations at batch 3 and swigluoai (gpt-oss's) at 8 too.
@@ -134,7 +134,7 @@ def test_extreme_e8m0_scales_and_every_e2m1_code(isa: str) -> None:
 @pytest.mark.parametrize("isa", TIERS)
 def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
     rng = np.random.default_rng(3)
-    E, H, I, top_k, T = 8, 288, 224, 4, 8
+    E, H, I, top_k, T = 8, 608, 544, 4, 8
     banks = make_layer(rng, E, H, I)
     x = rng.standard_normal((T, H)).astype(BF16)
     ids = random_routes(rng, T, top_k, E)

@@ -44,7 +44,8 @@ class DsFp4Format final : public MoeFormat {
     s2_ = static_cast<const uint8_t*>(args.require_bank("w2_scale", {E, H, I / 32}, DType::u8));
   }
 
-  // A multiple of act_block (32 or 128): each pass-1 unit owns whole activation blocks of h.
+  // A multiple of act_block (32 or 128): each pass-1 unit owns whole activation blocks of h; and of
+  // 128, the step of the prepared vectors (fp4_common.h).
   int pass1_rows() const override { return kPass1Rows; }
   int pass2_rows() const override { return kPass2Rows; }
 

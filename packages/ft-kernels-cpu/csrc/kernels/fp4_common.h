@@ -6,9 +6,11 @@
 // layout (prep_vec), made once per token or route, so that no lane shuffle of the vector is left in
 // the weight stream:
 //   scalar       fp32, natural order
-//   avx2/avx512  fp32, each block of 32 split into its 16 even then its 16 odd elements (the low
+//   avx2         fp32, each block of 32 split into its 16 even then its 16 odd elements (the low
 //                and high nibbles of the 16 bytes of a block)
-//   avx512_bf16  bf16, natural order (VDPBF16PS takes the pairs as the bytes hold them)
+//   avx512       fp32, steps of 128 elements as 8 vectors of 16: x[16k + m] = element 8m + k
+//   avx512_bf16  bf16, steps of 128 elements as 4 vectors of 32: x[32j + k] = element 4k + j
+// (the avx512 layouts are zero-padded to a multiple of 128; see fp4_kernels.cpp for why).
 #pragma once
 
 #include <cstddef>
@@ -31,8 +33,8 @@ extern const E8m0Table kE8m0;
 // Bytes of a prepared vector of K elements for the kernels of `isa`.
 size_t vec_bytes(Isa isa, int K);
 
-// Prepares elements [i0, i1) of a vector (both multiples of 32), given as v[i - i0], into `out`, the
-// prepared vector of the whole length.
+// Prepares elements [i0, i1) of a vector, given as v[i - i0], into `out`, the prepared vector of the
+// whole length. i0 must be a multiple of 128 and i1 a multiple of 128 or the end of the vector.
 void prep_vec(Isa isa, const float* v, int i0, int i1, void* out);
 
 // out[r] = sum_k W[r, k] * x[k] for r in [0, nrows) with W[r, k] = e2m1(nibble) * e8m0(S[r, k / 32]);

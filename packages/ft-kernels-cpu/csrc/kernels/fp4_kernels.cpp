@@ -116,82 +116,116 @@ FT_TARGET_AVX2 void dot_rows_avx2(const uint8_t* W, const uint8_t* S, int nrows,
   }
 }
 
-// One block of 32 through VPERMPS (16-entry fp32 table, low 4 bits of each index); x holds the 16
-// even then the 16 odd elements of the block.
-FT_TARGET_AVX512 inline __m512 block_avx512(const uint8_t* w, const float* x, __m512 lut) {
-  const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
-  const __m512 lo = _mm512_permutexvar_ps(d, lut);
-  const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), lut);
-  return _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + 16), _mm512_mul_ps(lo, _mm512_loadu_ps(x)));
+// The avx512 tiers take 4 blocks (64 bytes, 128 elements) per step with one 512-bit load and no
+// widening shuffle: each dword (or word) of the load holds 8 (or 4) consecutive nibbles; shifting
+// the whole register by 4 bits at a time brings each nibble in turn to the bottom of every lane,
+// where one VPERMPS (low 4 index bits) or VPERMW (low 5 bits; the table holds the 16 values twice)
+// looks all lanes up at once. Lane m then holds element 8m + k (dwords) or 4m + j (words) of the
+// step, and the vector is prepared in that order (prep_vec), so lane m of every product belongs to
+// block m / 4 (dwords; for VDPBF16PS words 2m, 2m + 1 sum into fp32 lane m, also block m / 4).
+// Intel cores run 512-bit shuffles on one port only: this is 2 (fp32) or 1 (bf16) shuffle per block
+// instead of 3 (or 2) with a byte-to-dword widening per block.
+
+// e8m0 scales of up to 16 blocks as fp32 lanes: s << 23 is 2^(s - 127) for s in [1, 254]; s = 0 is
+// the denormal 2^-127 (0x00400000), s = 255 NaN. Lanes past `n` read scale 0 (finite).
+FT_TARGET_AVX512 inline __m512 e8m0x16(const uint8_t* s, int n) {
+  const __mmask16 m = n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1u);
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, s));
+  __m512i bits = _mm512_max_epu32(_mm512_slli_epi32(b, 23), _mm512_set1_epi32(0x00400000));
+  bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(b, _mm512_set1_epi32(255)),
+                               _mm512_set1_epi32(0x7fc00000));
+  return _mm512_castsi512_ps(bits);
 }
+
+// Scale of block 4u + m / 4 in lane m, from the 16 scales of e8m0x16.
+FT_TARGET_AVX512 inline __m512i scale_index(int u) {
+  return _mm512_add_epi32(_mm512_set1_epi32(4 * u),
+                          _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2));
+}
+
+// Tail loads: the bytes of the blocks left in the row, zeros after (value 0 against a zero-padded x).
+FT_TARGET_AVX512 inline __m512i load_blocks(const uint8_t* w, int blocks) {
+  if (blocks >= 4) return _mm512_loadu_si512(w);
+  return _mm512_maskz_loadu_epi8((1ull << (16 * blocks)) - 1ull, w);
+}
+
+// Four blocks against x in the dword layout: 8 vectors of 16 floats, x[16k + m] = element 8m + k.
+FT_TARGET_AVX512 inline __m512 step_avx512(__m512i wv, const float* x, __m512 lut) {
+  __m512 t0 = _mm512_mul_ps(_mm512_permutexvar_ps(wv, lut), _mm512_loadu_ps(x));
+  __m512 t1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(wv, 4), lut), _mm512_loadu_ps(x + 16));
+  t0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(wv, 8), lut), _mm512_loadu_ps(x + 32), t0);
+  t1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(wv, 12), lut), _mm512_loadu_ps(x + 48), t1);
+  t0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(wv, 16), lut), _mm512_loadu_ps(x + 64), t0);
+  t1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(wv, 20), lut), _mm512_loadu_ps(x + 80), t1);
+  t0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(wv, 24), lut), _mm512_loadu_ps(x + 96), t0);
+  t1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(wv, 28), lut), _mm512_loadu_ps(x + 112), t1);
+  return _mm512_add_ps(t0, t1);
+}
+
+// Four blocks against x in the word layout: 4 vectors of 32 bf16, x[32j + k] = element 4k + j.
+FT_TARGET_AVX512_BF16 inline __m512 step_bf16(__m512i wv, const uint16_t* x, __m512i lut) {
+  const __m512 z = _mm512_setzero_ps();
+  __m512 t0 = _mm512_dpbf16_ps(z, (__m512bh)_mm512_permutexvar_epi16(wv, lut), (__m512bh)_mm512_loadu_si512(x));
+  __m512 t1 = _mm512_dpbf16_ps(z, (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 4), lut),
+                               (__m512bh)_mm512_loadu_si512(x + 32));
+  t0 = _mm512_dpbf16_ps(t0, (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 8), lut),
+                        (__m512bh)_mm512_loadu_si512(x + 64));
+  t1 = _mm512_dpbf16_ps(t1, (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 12), lut),
+                        (__m512bh)_mm512_loadu_si512(x + 96));
+  return _mm512_add_ps(t0, t1);
+}
+
+// One row: steps of 4 blocks, scales loaded 16 blocks at a time; two accumulators.
+#define FT_FP4_ROW_LOOP(STEP, XT)                                                                      \
+  const int nb = K / 32;                                                                               \
+  for (int r = 0; r < nrows; ++r) {                                                                    \
+    const uint8_t* w = W + static_cast<size_t>(r) * (K / 2);                                           \
+    const uint8_t* s = S + static_cast<size_t>(r) * nb;                                                \
+    if (pf.s.dist) pf.s.ahead(s);                                                                      \
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0;                                                          \
+    int b = 0;                                                                                         \
+    for (; b + 16 <= nb; b += 16) {                                                                    \
+      const __m512 sf = e8m0x16(s + b, 16);                                                            \
+      for (int u = 0; u < 4; u += 2) {                                                                 \
+        const uint8_t* wp = w + 16 * (b + 4 * u);                                                      \
+        if (pf.w.dist) {                                                                               \
+          pf.w.ahead(wp);                                                                              \
+          pf.w.ahead(wp + 64);                                                                         \
+        }                                                                                              \
+        const XT* xp = x + 32 * (b + 4 * u);                                                           \
+        a0 = _mm512_fmadd_ps(STEP(_mm512_loadu_si512(wp), xp, lut), _mm512_permutexvar_ps(idx[u], sf), a0); \
+        a1 = _mm512_fmadd_ps(STEP(_mm512_loadu_si512(wp + 64), xp + 128, lut),                         \
+                             _mm512_permutexvar_ps(idx[u + 1], sf), a1);                               \
+      }                                                                                                \
+    }                                                                                                  \
+    if (b < nb) {                                                                                      \
+      const __m512 sf = e8m0x16(s + b, nb - b);                                                        \
+      for (int u = 0; b + 4 * u < nb; ++u) {                                                           \
+        const int bu = b + 4 * u;                                                                      \
+        a0 = _mm512_fmadd_ps(STEP(load_blocks(w + 16 * bu, nb - bu), x + 32 * bu, lut),                \
+                             _mm512_permutexvar_ps(idx[u], sf), a0);                                   \
+      }                                                                                                \
+    }                                                                                                  \
+    out[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));                                              \
+  }
 
 FT_TARGET_AVX512 void dot_rows_avx512(const uint8_t* W, const uint8_t* S, int nrows, const float* x, int K,
                                      float* out, const Streams& pf) {
-  const int nb = K / 32;
   const __m512 lut = _mm512_loadu_ps(kE2m1);
-  for (int r = 0; r < nrows; ++r) {
-    const uint8_t* w = W + static_cast<size_t>(r) * (K / 2);
-    const uint8_t* s = S + static_cast<size_t>(r) * nb;
-    if (pf.s.dist) pf.s.ahead(s);
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int b = 0;
-    for (; b + 4 <= nb; b += 4) {
-      if (pf.w.dist) pf.w.ahead(w + 16 * b);
-      a0 = _mm512_fmadd_ps(block_avx512(w + 16 * b, x + 32 * b, lut), _mm512_set1_ps(kE8m0.v[s[b]]), a0);
-      a1 = _mm512_fmadd_ps(block_avx512(w + 16 * b + 16, x + 32 * b + 32, lut), _mm512_set1_ps(kE8m0.v[s[b + 1]]),
-                           a1);
-      a2 = _mm512_fmadd_ps(block_avx512(w + 16 * b + 32, x + 32 * b + 64, lut), _mm512_set1_ps(kE8m0.v[s[b + 2]]),
-                           a2);
-      a3 = _mm512_fmadd_ps(block_avx512(w + 16 * b + 48, x + 32 * b + 96, lut), _mm512_set1_ps(kE8m0.v[s[b + 3]]),
-                           a3);
-    }
-    for (; b < nb; ++b) {
-      a0 = _mm512_fmadd_ps(block_avx512(w + 16 * b, x + 32 * b, lut), _mm512_set1_ps(kE8m0.v[s[b]]), a0);
-    }
-    out[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-  }
-}
-
-// One block of 32 as bf16 pairs: each byte widened to a dword, its low nibble moved to the low word
-// and its high nibble to the high word ((d | d << 12) & 0x000f000f), both looked up at once by
-// VPERMW in a table of the 16 e2m1 values as bf16 (exact), then VDPBF16PS against x (bf16, natural
-// order). Each product is exact in fp32.
-FT_TARGET_AVX512_BF16 inline __m512 block_bf16(const uint8_t* w, const uint16_t* x, __m512i lut, __m512i mask) {
-  const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
-  const __m512i idx = _mm512_ternarylogic_epi32(d, _mm512_slli_epi32(d, 12), mask, 0xA8);  // (A | B) & C
-  const __m512i wv = _mm512_permutexvar_epi16(idx, lut);
-  return _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)wv, (__m512bh)_mm512_loadu_si512(x));
+  const __m512i idx[4] = {scale_index(0), scale_index(1), scale_index(2), scale_index(3)};
+  FT_FP4_ROW_LOOP(step_avx512, float)
 }
 
 FT_TARGET_AVX512_BF16 void dot_rows_bf16(const uint8_t* W, const uint8_t* S, int nrows, const uint16_t* x, int K,
                                          float* out, const Streams& pf) {
-  const int nb = K / 32;
   alignas(64) uint16_t table[32];
   for (int i = 0; i < 32; ++i) table[i] = f32_to_bf16(kE2m1[i & 15]);
   const __m512i lut = _mm512_load_si512(table);
-  const __m512i mask = _mm512_set1_epi32(0x000f000f);
-  for (int r = 0; r < nrows; ++r) {
-    const uint8_t* w = W + static_cast<size_t>(r) * (K / 2);
-    const uint8_t* s = S + static_cast<size_t>(r) * nb;
-    if (pf.s.dist) pf.s.ahead(s);
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    int b = 0;
-    for (; b + 4 <= nb; b += 4) {
-      if (pf.w.dist) pf.w.ahead(w + 16 * b);
-      a0 = _mm512_fmadd_ps(block_bf16(w + 16 * b, x + 32 * b, lut, mask), _mm512_set1_ps(kE8m0.v[s[b]]), a0);
-      a1 = _mm512_fmadd_ps(block_bf16(w + 16 * b + 16, x + 32 * b + 32, lut, mask),
-                           _mm512_set1_ps(kE8m0.v[s[b + 1]]), a1);
-      a2 = _mm512_fmadd_ps(block_bf16(w + 16 * b + 32, x + 32 * b + 64, lut, mask),
-                           _mm512_set1_ps(kE8m0.v[s[b + 2]]), a2);
-      a3 = _mm512_fmadd_ps(block_bf16(w + 16 * b + 48, x + 32 * b + 96, lut, mask),
-                           _mm512_set1_ps(kE8m0.v[s[b + 3]]), a3);
-    }
-    for (; b < nb; ++b) {
-      a0 = _mm512_fmadd_ps(block_bf16(w + 16 * b, x + 32 * b, lut, mask), _mm512_set1_ps(kE8m0.v[s[b]]), a0);
-    }
-    out[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-  }
+  const __m512i idx[4] = {scale_index(0), scale_index(1), scale_index(2), scale_index(3)};
+  FT_FP4_ROW_LOOP(step_bf16, uint16_t)
 }
+
+#undef FT_FP4_ROW_LOOP
 
 #endif  // FT_X86
 
@@ -216,18 +250,44 @@ float e4m3_rne_sat(float y) {
 }  // namespace
 
 size_t vec_bytes(Isa isa, int K) {
-  return static_cast<size_t>(K) * (isa == Isa::avx512_bf16 ? sizeof(uint16_t) : sizeof(float));
+  const size_t k128 = (static_cast<size_t>(K) + 127) / 128 * 128;
+  switch (isa) {
+    case Isa::avx512_bf16: return k128 * sizeof(uint16_t);
+    case Isa::avx512: return k128 * sizeof(float);
+    default: return static_cast<size_t>(K) * sizeof(float);
+  }
 }
 
 void prep_vec(Isa isa, const float* v, int i0, int i1, void* out) {
   switch (isa) {
     case Isa::avx512_bf16: {
+      // Steps of 128: x[g + 32j + k] = element g + 4k + j; zeros past i1 (the end of the vector).
       uint16_t* o = static_cast<uint16_t*>(out);
-      for (int i = i0; i < i1; ++i) o[i] = f32_to_bf16(v[i - i0]);
+      for (int g = i0; g < i1; g += 128) {
+        for (int j = 0; j < 4; ++j) {
+          for (int k = 0; k < 32; ++k) {
+            const int e = g + 4 * k + j;
+            o[g + 32 * j + k] = e < i1 ? f32_to_bf16(v[e - i0]) : 0;
+          }
+        }
+      }
       return;
     }
-    case Isa::avx512:
+    case Isa::avx512: {
+      // Steps of 128: x[g + 16k + m] = element g + 8m + k; zeros past i1.
+      float* o = static_cast<float*>(out);
+      for (int g = i0; g < i1; g += 128) {
+        for (int k = 0; k < 8; ++k) {
+          for (int m = 0; m < 16; ++m) {
+            const int e = g + 8 * m + k;
+            o[g + 16 * k + m] = e < i1 ? v[e - i0] : 0.f;
+          }
+        }
+      }
+      return;
+    }
     case Isa::avx2: {
+      // Blocks of 32: the 16 even, then the 16 odd elements.
       float* o = static_cast<float*>(out);
       for (int b = i0; b < i1; b += 32) {
         for (int j = 0; j < 16; ++j) {

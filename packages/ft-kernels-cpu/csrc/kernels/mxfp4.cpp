@@ -40,8 +40,8 @@ class Mxfp4Format final : public MoeFormat {
     b2_ = static_cast<const uint16_t*>(args.optional_bank("w2_bias", {E, H}, DType::bf16));
   }
 
-  // Multiples of 32 so that prep_inter prepares whole blocks of the intermediate.
-  int pass1_rows() const override { return 64; }
+  // A multiple of 128 so that prep_inter prepares whole steps of the intermediate (fp4_common.h).
+  int pass1_rows() const override { return kMaxPass1Rows; }
   int pass2_rows() const override { return kPass2Rows; }
 
   void prep_input(const TaskInput& in) override {
@@ -91,7 +91,7 @@ class Mxfp4Format final : public MoeFormat {
   }
 
  private:
-  static constexpr int kMaxPass1Rows = 64;
+  static constexpr int kMaxPass1Rows = 128;
   static constexpr int kPass2Rows = 32;
 
   MoeParams p_;
