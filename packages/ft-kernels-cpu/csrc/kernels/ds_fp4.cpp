@@ -97,7 +97,7 @@ class DsFp4Format final : public MoeFormat {
 
  private:
   static constexpr int kPass1Rows = 128;
-  static constexpr int kPass2Rows = 32;
+  static constexpr int kPass2Rows = 64;  // 64 down rows: streams of 24 KiB per route at I = 768
 
   MoeParams p_;
   int act_block_ = 128;

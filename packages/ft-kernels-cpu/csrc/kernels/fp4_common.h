@@ -10,7 +10,8 @@
 //                and high nibbles of the 16 bytes of a block)
 //   avx512       fp32, steps of 128 elements as 8 vectors of 16: x[16k + m] = element 8m + k
 //   avx512_bf16  bf16, steps of 128 elements as 4 vectors of 32: x[32j + k] = element 4k + j
-// (the avx512 layouts are zero-padded to a multiple of 128; see fp4_kernels.cpp for why).
+// (the avx512 layouts are zero-padded to a multiple of 128; see fp4_kernels.cpp for why). On Intel
+// CPUs the avx512_bf16 tier uses the avx512 kernels and layout (kernel_isa in fp4_kernels.cpp).
 #pragma once
 
 #include <cstddef>

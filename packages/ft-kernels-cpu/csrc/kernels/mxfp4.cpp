@@ -92,7 +92,7 @@ class Mxfp4Format final : public MoeFormat {
 
  private:
   static constexpr int kMaxPass1Rows = 128;
-  static constexpr int kPass2Rows = 32;
+  static constexpr int kPass2Rows = 64;  // 64 down rows: streams of 24 KiB per route at I = 768
 
   MoeParams p_;
   const uint8_t* w13_;
