@@ -66,8 +66,8 @@ class DsFp4Format final : public MoeFormat {
     const int n = i1 - i0;
     const uint8_t* x = xprep_.data() + t * fp4::vec_bytes(p_.isa, p_.hidden);
     const size_t g0 = static_cast<size_t>(e) * 2 * I + i0, u0 = g0 + I;
-    fp4::dot_rows(p_.isa, w13_ + g0 * (H / 2), s13_ + g0 * (H / 32), n, x, p_.hidden, gate, p_.prefetch);
-    fp4::dot_rows(p_.isa, w13_ + u0 * (H / 2), s13_ + u0 * (H / 32), n, x, p_.hidden, up, p_.prefetch);
+    fp4::dot_rows(p_.isa, w13_ + g0 * (H / 2), s13_ + g0 * (H / 32), n, x, p_.hidden, gate, pf_);
+    fp4::dot_rows(p_.isa, w13_ + u0 * (H / 2), s13_ + u0 * (H / 32), n, x, p_.hidden, up, pf_);
     if (in_scale != 1.f) {
       for (int i = 0; i < n; ++i) gate[i] *= in_scale, up[i] *= in_scale;
     }
@@ -90,16 +90,17 @@ class DsFp4Format final : public MoeFormat {
       const RouteRef& rt = routes[r];
       const size_t row0 = static_cast<size_t>(rt.expert) * H + h0;
       fp4::dot_rows(p_.isa, w2_ + row0 * (I / 2), s2_ + row0 * (I / 32), rows, rt.h_prepped, p_.intermediate, tmp,
-                    p_.prefetch);
+                    pf_);
       for (int j = 0; j < rows; ++j) out[j] += rt.weight * tmp[j];
     }
   }
 
  private:
   static constexpr int kPass1Rows = 128;
-  static constexpr int kPass2Rows = 64;  // 64 down rows: streams of 24 KiB per route at I = 768
+  static constexpr int kPass2Rows = 64;  // down rows per unit: one stream of 64 rows per route
 
   MoeParams p_;
+  int pf_ = fp4::prefetch_distance(p_.prefetch);  // after p_ (declaration order)
   int act_block_ = 128;
   const uint8_t* w13_;
   const uint8_t* s13_;

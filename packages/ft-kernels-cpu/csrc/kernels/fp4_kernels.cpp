@@ -33,9 +33,11 @@ struct Prefetch {
     const char* q = static_cast<const char*>(p);
     for (const char* e = std::min(end, q + dist); q < e; q += 64) prefetch(q);
   }
+  // Into L2 (T1), not L1: measured on Zen 4 with these compute-heavy rows, a T0 prefetch 8 KiB ahead
+  // left them at half the read bandwidth (the L1 miss buffers fill), T1 brought them to it.
   static void prefetch(const char* q) {
 #if FT_X86
-    _mm_prefetch(q, _MM_HINT_T0);
+    _mm_prefetch(q, _MM_HINT_T1);
 #else
     __builtin_prefetch(q);
 #endif
@@ -202,6 +204,7 @@ FT_TARGET_AVX512_BF16 inline __m512 step_bf16(__m512i wv, const uint16_t* x, __m
       const __m512 sf = e8m0x16(s + b, nb - b);                                                        \
       for (int u = 0; b + 4 * u < nb; ++u) {                                                           \
         const int bu = b + 4 * u;                                                                      \
+        if (pf.w.dist) pf.w.ahead(w + 16 * bu);                                                        \
         a0 = _mm512_fmadd_ps(STEP(load_blocks(w + 16 * bu, nb - bu), x + 32 * bu, lut),                \
                              _mm512_permutexvar_ps(idx[u], sf), a0);                                   \
       }                                                                                                \

@@ -61,7 +61,7 @@ class Mxfp4Format final : public MoeFormat {
     const size_t row0 = static_cast<size_t>(e) * 2 * I + 2 * static_cast<size_t>(i0);
     float tmp[2 * kMaxPass1Rows];
     fp4::dot_rows(p_.isa, w13_ + row0 * (H / 2), s13_ + row0 * (H / 32), 2 * n,
-                  xprep_.data() + t * fp4::vec_bytes(p_.isa, p_.hidden), p_.hidden, tmp, p_.prefetch);
+                  xprep_.data() + t * fp4::vec_bytes(p_.isa, p_.hidden), p_.hidden, tmp, pf_);
     const uint16_t* b = b13_ ? b13_ + row0 : nullptr;
     for (int i = 0; i < n; ++i) {
       gate[i] = in_scale * tmp[2 * i] + (b ? bf16_to_f32(b[2 * i]) : 0.f);
@@ -84,7 +84,7 @@ class Mxfp4Format final : public MoeFormat {
       const RouteRef& rt = routes[r];
       const size_t row0 = static_cast<size_t>(rt.expert) * H + h0;
       fp4::dot_rows(p_.isa, w2_ + row0 * (I / 2), s2_ + row0 * (I / 32), rows, rt.h_prepped, p_.intermediate, tmp,
-                    p_.prefetch);
+                    pf_);
       const uint16_t* b = b2_ ? b2_ + row0 : nullptr;
       for (int j = 0; j < rows; ++j) out[j] += rt.weight * (tmp[j] + (b ? bf16_to_f32(b[j]) : 0.f));
     }
@@ -92,9 +92,10 @@ class Mxfp4Format final : public MoeFormat {
 
  private:
   static constexpr int kMaxPass1Rows = 128;
-  static constexpr int kPass2Rows = 64;  // 64 down rows: streams of 24 KiB per route at I = 768
+  static constexpr int kPass2Rows = 64;  // down rows per unit: one stream of 64 rows per route
 
   MoeParams p_;
+  int pf_ = fp4::prefetch_distance(p_.prefetch);  // after p_ (declaration order)
   const uint8_t* w13_;
   const uint8_t* s13_;
   const uint16_t* b13_;
