@@ -95,7 +95,7 @@ class Mxfp4Format final : public MoeFormat {
   static constexpr int kPass2Rows = 64;  // down rows per unit: one stream of 64 rows per route
 
   MoeParams p_;
-  int pf_ = fp4::prefetch_distance(p_.prefetch);  // after p_ (declaration order)
+  int pf_ = fp4::prefetch_distance(p_.prefetch, p_.prefetch_explicit);  // after p_ (declaration order)
   const uint8_t* w13_;
   const uint8_t* s13_;
   const uint16_t* b13_;
