@@ -9,6 +9,8 @@
 #include <stdexcept>
 
 #include "coordinator.h"
+#include "probe.h"
+#include "runtime.h"
 
 namespace py = pybind11;
 
@@ -78,6 +80,12 @@ class PyCoordinator {
   std::unique_ptr<ftg::Coordinator> coord_;
 };
 
+ftg::Backend parse_backend(const std::string& name) {
+  if (name == "cuda") return ftg::Backend::cuda;
+  if (name == "hip") return ftg::Backend::hip;
+  throw py::value_error("backend='" + name + "' is unknown; expected 'cuda' or 'hip'");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_ft_gpusync, m) {
@@ -99,4 +107,48 @@ PYBIND11_MODULE(_ft_gpusync, m) {
       .def("take_error", [](PyCoordinator& c) { return c.coord().take_error(); })
       .def("close", &PyCoordinator::close);
   m.def("doorbell_word", &ftg::doorbell_word, py::arg("layer"), py::arg("num_tokens"));
+
+  static py::exception<ftg::PendingError> pending(m, "PendingGpuError", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const ftg::PendingError& e) {
+      py::set_error(pending, e.what());
+    }
+  });
+  m.def(
+      "runtime_status",
+      [](const std::string& backend) {
+        ftg::Runtime rt(parse_backend(backend));
+        py::dict d;
+        d["backend"] = backend;
+        d["library"] = rt.library();
+        d["available"] = rt.available();
+        d["reason"] = rt.reason();
+        return d;
+      },
+      py::arg("backend"));
+  m.def(
+      "probe_memop_graph",
+      [](const std::string& backend, int device) {
+        ftg::Runtime rt(parse_backend(backend));
+        ftg::ProbeResult r;
+        {
+          py::gil_scoped_release nogil;
+          r = ftg::probe_memop_graph(rt, device);
+        }
+        py::dict d;
+        d["supported"] = r.supported;
+        d["detail"] = r.detail;
+        return d;
+      },
+      py::arg("backend"), py::arg("device") = 0);
+  m.def(
+      "check_host_func_allowed",
+      [](const std::string& backend, uintptr_t stream) {
+        ftg::Runtime rt(parse_backend(backend));
+        if (!rt.available()) throw py::value_error(rt.reason());
+        ftg::check_host_func_allowed(rt, reinterpret_cast<void*>(stream));
+      },
+      py::arg("backend"), py::arg("stream"));
 }
