@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "format.h"
 
@@ -33,13 +34,45 @@ namespace ggml {
 // out[r] = row r of W (ggml rows of K elements, `ld` bytes apart) . x, fp32 accumulation; the weight
 // stream is software-prefetched `prefetch` bytes ahead (0: off). K is a multiple of block_elems.
 using RowsFn = void (*)(const uint8_t* W, size_t ld, int nrows, const float* x, int K, float* out, int prefetch);
+// The same for n <= 8 vectors at once (each block decoded once): out[j * os + r] = row r . xs[j].
+using MultiFn = void (*)(const uint8_t* W, size_t ld, int nrows, const float* const* xs, int n, int K, float* out,
+                         int os, int prefetch);
+
+// A vector of K elements quantized to int8 per 32 elements for the int8 (VNNI) kernels:
+//   q[k]     = round(x[k] / dx_b), dx_b = amax(|x| over block b = k / 32) / 127 (0 for a zero block)
+//   c[l]     = -off * (q[4l] + .. + q[4l+3])   (the constant code offset of the weight type, folded into
+//                                                 the int32 start of each VPDPBUSD lane)
+//   dl[l]    = dx of the block of lane l (elements 4l..4l+3)
+//   xsum[b]  = sum of the unquantized x over block b (fp32; the min terms of Q4_K/Q5_K)
+struct Q8Ref {
+  const int8_t* q;
+  const int32_t* c;
+  const float* dl;
+  const float* xsum;
+};
+// Bytes of a Q8 vector of K elements (q, c, dl, xsum back to back) and its views.
+inline size_t q8_bytes(int K) { return 3 * static_cast<size_t>(K) + static_cast<size_t>(K) / 8; }
+inline Q8Ref q8_view(const void* base, int K) {
+  const auto* b = static_cast<const uint8_t*>(base);
+  return Q8Ref{reinterpret_cast<const int8_t*>(b), reinterpret_cast<const int32_t*>(b + K),
+               reinterpret_cast<const float*>(b + 2 * static_cast<size_t>(K)),
+               reinterpret_cast<const float*>(b + 3 * static_cast<size_t>(K))};
+}
+// Quantizes elements [k0, k1) (multiples of 32) of x into the Q8 vector of K elements at `base`.
+void q8_quantize(const float* x, int k0, int k1, int K, int off, void* base);
+// Int8 kernels: out[j * os + r] = row r . dequant(xs[j]) for n <= 8 vectors.
+using Q8Fn = void (*)(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os,
+                      int prefetch);
 
 struct TypeInfo {
   int id;  // ggml_type
   const char* name;
   int block_elems;
   int block_bytes;
-  RowsFn rows[kNumIsa];  // indexed by Isa
+  RowsFn rows[kNumIsa];    // indexed by Isa
+  MultiFn multi[kNumIsa];  // n >= 2 vectors
+  Q8Fn q8;                 // int8-activation kernels of the avx512_bf16 tier (AVX512-VNNI), or nullptr
+  int q8_off;              // the code offset q8 takes out through Q8Ref::c
 };
 
 // The supported type of ggml id `id`, or nullptr.
@@ -71,14 +104,26 @@ class GgmlMoeFormat final : public MoeFormat {
   GgmlMoeFormat(const MoeParams& p, const Matrix& gate, const Matrix& up, const Matrix& down);
   void gate_up(const TaskInput& in, int e, int t, int i0, int i1, float in_scale, float* gate,
                float* up) const override;
+  void gate_up_tokens(const TaskInput& in, int e, const int* tokens, const float* in_scales, int n, int i0, int i1,
+                      float* gate, float* up, int stride) const override;
   void down(int h0, int h1, const RouteRef* routes, int n, float* out) const override;
+  bool has_down_rows() const override { return true; }
+  void down_rows(int e, int h0, int h1, const RouteRef* routes, int n, float* out, int stride) const override;
+  int pass1_rows() const override { return down_q8_ ? 32 : 16; }  // whole Q8 blocks of h per unit
   int pass2_rows() const override { return kPass2Rows; }
+  void prep_input(const TaskInput& in) override;
+  size_t inter_prep_bytes() const override { return down_q8_ ? q8_bytes(p_.intermediate) : 0; }
+  void prep_inter(const float* h, int i0, int i1, void* prepped) const override;
 
  private:
   static constexpr int kPass2Rows = 16;
+  // Rows [i0, i1) of one matrix of expert e times n vectors (float or Q8), into out[j * os + r].
+  void mat_rows(const Matrix& m, bool q8, int e, int r0, int r1, const float* const* xs, const Q8Ref* qs, int n,
+                int K, float* out, int os) const;
   MoeParams p_;
   Matrix gate_, up_, down_;
-  RowsFn gate_fn_, up_fn_, down_fn_;
+  bool gu_q8_ = false, down_q8_ = false;  // the int8 paths (avx512_bf16 tier, types with a q8 kernel)
+  std::vector<uint8_t> xq_;               // prep_input: the tokens' Q8 vectors of x
 };
 
 }  // namespace ggml
