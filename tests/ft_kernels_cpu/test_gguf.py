@@ -22,6 +22,11 @@ PAIRS = [(Q.Q4_K, Q.Q6_K), (Q.Q8_0, Q.Q8_0), (Q.MXFP4, Q.MXFP4), (Q.Q5_K, Q.Q6_K
 INT8_TYPES = {Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K}
 
 
+def int8_group(qtype: Q) -> int:
+    """Elements per x scale of the int8 path: 32 (ggml's Q8_0 activations), 256 for K-quants (Q8_K)."""
+    return 256 if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K) else 32
+
+
 def block_elems(qtype: Q) -> int:
     return GGML_QUANT_SIZES[qtype][0]
 
@@ -81,16 +86,17 @@ def shape_for(rng, gu: Q, dn: Q) -> tuple[int, int]:
     ) == 256 else pick(dn, 2, 7)
 
 
-def block_amax(v: np.ndarray) -> np.ndarray:
-    """max |v| over each 32-element block of the last axis, repeated per element."""
-    a = np.abs(v).reshape(*v.shape[:-1], -1, 32).max(axis=-1)
-    return np.repeat(a, 32, axis=-1)
+def block_amax(v: np.ndarray, group: int) -> np.ndarray:
+    """max |v| over each `group`-element block of the last axis, repeated per element."""
+    a = np.abs(v).reshape(*v.shape[:-1], -1, group).max(axis=-1)
+    return np.repeat(a, group, axis=-1)
 
 
-def int8_error_bound(x, ids, w, wref, act, on_input, q8_in, q8_down, **act_options) -> np.ndarray:
+def int8_error_bound(x, ids, w, wref, act, on_input, q8_in, q8_down, groups=(32, 32), **act_options):
     """Bound on |y - y_ref| added by the int8 activations of the avx512_bf16 tier (VNNI paths).
 
-    x (q8_in) and the intermediate h (q8_down) are rounded per 32 elements to int8 steps of amax/127:
+    x (q8_in) and the intermediate h (q8_down) are rounded per group (32 elements, 256 for K-quant
+    weights: `groups` of x and h) to int8 steps of amax/127:
     an element moves by at most amax_block/254. Through gate/up that moves g, u by at most
     dg = |W_gate| @ ex, du = |W_up| @ ex; every activation here has |dh/dg| <= 1.2 * (|u| + 1) and
     |dh/du| <= |g| (their gate-side factor silu/gelu/... is <= |g|, its slope <= 1.13; clamps only
@@ -110,11 +116,11 @@ def int8_error_bound(x, ids, w, wref, act, on_input, q8_in, q8_down, **act_optio
             xin = wt * x[t] if on_input else x[t]
             g = wref["w_gate"][e] @ xin + (wref["b_gate"][e] if "b_gate" in wref else 0.0)
             u = wref["w_up"][e] @ xin + (wref["b_up"][e] if "b_up" in wref else 0.0)
-            ex = block_amax(xin) / 254.0 if q8_in else np.zeros_like(xin)
+            ex = block_amax(xin, groups[0]) / 254.0 if q8_in else np.zeros_like(xin)
             dg, du = np.abs(wref["w_gate"][e]) @ ex, np.abs(wref["w_up"][e]) @ ex
             dh = 1.2 * (np.abs(u) + du + 1.0) * dg + (np.abs(g) + dg) * du
             h = activation(act, g, u, **act_options)
-            eh = block_amax(np.abs(h) + dh) / 254.0 if q8_down else 0.0
+            eh = block_amax(np.abs(h) + dh, groups[1]) / 254.0 if q8_down else 0.0
             bound[t] += (1.0 if on_input else abs(wt)) * (np.abs(wref["w_down"][e]) @ (dh + eh))
     # fp32 evaluation of the bound's own terms and the bf16 rounding of the extra: a 2% margin.
     return 1.02 * bound
@@ -167,7 +173,8 @@ def reference_extra(isa, gu, dn, x, ids, w, wref, act, on_input, opts):
     q8_in, q8_down = isa == "avx512_bf16" and gu in INT8_TYPES, isa == "avx512_bf16" and dn in INT8_TYPES
     if not (q8_in or q8_down):
         return 0.0
-    return int8_error_bound(x, ids, w, wref, act, on_input, q8_in, q8_down, **opts)
+    groups = (int8_group(gu), int8_group(dn))
+    return int8_error_bound(x, ids, w, wref, act, on_input, q8_in, q8_down, groups, **opts)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
@@ -232,12 +239,12 @@ def test_many_tokens_on_few_experts(isa: str, gu: Q, dn: Q) -> None:
     assert_close_to_reference(ex.run(0, x, ids, w), ref, scale, f"{isa} {gu.name}/{dn.name}", extra)
 
 
-def q8_emulate(v: np.ndarray, flips: bool = False):
-    """v rounded as the int8 paths do, in numpy: per 32 elements, fp32 amax, inv = 127/amax, codes
+def q8_emulate(v: np.ndarray, group: int, flips: bool = False):
+    """v rounded as the int8 paths do, in numpy: per `group` elements, fp32 amax, inv = 127/amax, codes
     round-half-even(v * inv) in fp32, values code * amax/127. With `flips`, also the step of every
     element whose v * inv lies within 2e-3 of a rounding boundary (where an fp32 v computed in another
     order could round the other way), else 0."""
-    b = v.astype(np.float32).reshape(-1, 32)
+    b = v.astype(np.float32).reshape(-1, group)
     amax = np.abs(b).max(axis=1, keepdims=True)
     inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
     t = (b * inv).astype(np.float32)
@@ -249,19 +256,19 @@ def q8_emulate(v: np.ndarray, flips: bool = False):
     return out, (near * dx).reshape(v.shape)
 
 
-def int8_emulated_reference(x, ids, w, wref, act, q8_in, q8_down):
+def int8_emulated_reference(x, ids, w, wref, act, gin: int, gdn: int):
     """The float64 reference with x and h rounded by q8_emulate; (y, scale, flip bound)."""
     T, k = ids.shape
     y, scale, flip = (np.zeros((T, wref["w_down"].shape[1])) for _ in range(3))
     xf = x.astype(np.float32)
     for t in range(T):
-        xin = q8_emulate(xf[t]) if q8_in else xf[t].astype(np.float64)
+        xin = q8_emulate(xf[t], gin)
         for r in range(k):
             e = int(ids[t, r])
             if e < 0:
                 continue
             h = activation(act, wref["w_gate"][e] @ xin, wref["w_up"][e] @ xin)
-            hq, fl = q8_emulate(h, flips=True) if q8_down else (h, 0.0 * h)
+            hq, fl = q8_emulate(h, gdn, flips=True)
             wd = np.abs(wref["w_down"][e])
             y[t] += w[t, r] * (wref["w_down"][e] @ hq)
             scale[t] += abs(w[t, r]) * (wd @ np.abs(h))
@@ -296,7 +303,7 @@ def test_int8_paths_match_an_int8_emulation(gu: Q, dn: Q, T: int) -> None:
     x = (2.0 * rng.standard_normal((T, H))).astype(BF16)
     ids = random_routes(rng, T, top_k, E)
     w = rng.random((T, top_k)).astype(np.float32)
-    ref, scale, flip = int8_emulated_reference(x, ids, w, wref, "silu", True, True)
+    ref, scale, flip = int8_emulated_reference(x, ids, w, wref, "silu", int8_group(gu), int8_group(dn))
     assert_close_to_reference(ex.run(0, x, ids, w), ref, scale, f"{gu.name}/{dn.name} T={T}", 1.01 * flip)
 
 

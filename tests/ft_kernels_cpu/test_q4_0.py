@@ -36,16 +36,17 @@ def make_layer(rng, E, H, I, bias=False):
     return banks, ref
 
 
-def block_amax(v: np.ndarray) -> np.ndarray:
-    """max |v| over each 32-element block of the last axis, repeated per element."""
-    a = np.abs(v).reshape(*v.shape[:-1], -1, 32).max(axis=-1)
-    return np.repeat(a, 32, axis=-1)
+def block_amax(v: np.ndarray, group: int) -> np.ndarray:
+    """max |v| over each `group`-element block of the last axis, repeated per element."""
+    a = np.abs(v).reshape(*v.shape[:-1], -1, group).max(axis=-1)
+    return np.repeat(a, group, axis=-1)
 
 
-def int8_error_bound(x, ids, w, wref, act, on_input, q8_in, q8_down, **act_options) -> np.ndarray:
+def int8_error_bound(x, ids, w, wref, act, on_input, q8_in, q8_down, groups=(32, 32), **act_options):
     """Bound on |y - y_ref| added by the int8 activations of the avx512_bf16 tier (as in test_gguf.py).
 
-    x (q8_in) and the intermediate h (q8_down) are rounded per 32 elements to int8 steps of amax/127:
+    x (q8_in) and the intermediate h (q8_down) are rounded per group (32 elements, 256 for K-quant
+    weights: `groups` of x and h) to int8 steps of amax/127:
     an element moves by at most amax_block/254. Through gate/up that moves g, u by at most
     dg = |W_gate| @ ex, du = |W_up| @ ex; every activation here has |dh/dg| <= 1.2 * (|u| + 1) and
     |dh/du| <= |g| (their gate-side factor silu/gelu/... is <= |g|, its slope <= 1.13; clamps only
@@ -65,11 +66,11 @@ def int8_error_bound(x, ids, w, wref, act, on_input, q8_in, q8_down, **act_optio
             xin = wt * x[t] if on_input else x[t]
             g = wref["w_gate"][e] @ xin + (wref["b_gate"][e] if "b_gate" in wref else 0.0)
             u = wref["w_up"][e] @ xin + (wref["b_up"][e] if "b_up" in wref else 0.0)
-            ex = block_amax(xin) / 254.0 if q8_in else np.zeros_like(xin)
+            ex = block_amax(xin, groups[0]) / 254.0 if q8_in else np.zeros_like(xin)
             dg, du = np.abs(wref["w_gate"][e]) @ ex, np.abs(wref["w_up"][e]) @ ex
             dh = 1.2 * (np.abs(u) + du + 1.0) * dg + (np.abs(g) + dg) * du
             h = activation(act, g, u, **act_options)
-            eh = block_amax(np.abs(h) + dh) / 254.0 if q8_down else 0.0
+            eh = block_amax(np.abs(h) + dh, groups[1]) / 254.0 if q8_down else 0.0
             bound[t] += (1.0 if on_input else abs(wt)) * (np.abs(wref["w_down"][e]) @ (dh + eh))
     # fp32 evaluation of the bound's own terms and the bf16 rounding of the extra: a 2% margin.
     return 1.02 * bound

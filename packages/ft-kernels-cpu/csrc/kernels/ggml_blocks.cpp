@@ -403,39 +403,40 @@ void rows32(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, floa
   }
 }
 
-// The 8 6-bit scales (bytes 0..7) and mins (bytes 8..15) of a Q4_K/Q5_K super-block, as fp32 times
-// d and dmin: lanes 0..7 d * sc[s], lanes 8..15 dmin * m[s].
-inline __m512 kquant_scales(const uint8_t* p) {
+// K-quants take x in groups of 256 (one dx per super-block, as ggml's Q8_K). Every VPDPBUSD lane
+// then fits in int16 (|lane| <= 4 * 63 * 127), so VPDPWSSD multiplies it by its sub-block's integer
+// scale (low word; the high word of the scale is 0) and sums into int32: the whole super-block stays
+// integer and is converted and scaled by d * dx once.
+
+// The 6-bit scales (lanes 0..7) and mins (lanes 8..15) of a Q4_K/Q5_K super-block as int32.
+inline __m512i kquant_scales(const uint8_t* p) {
   uint32_t a[3];
   std::memcpy(a, p + 4, 12);
   const uint32_t lo6 = 0x3f3f3f3fu, lo4 = 0x0f0f0f0fu, top2 = 0x30303030u;
   const __m128i sm = _mm_setr_epi32(static_cast<int>(a[0] & lo6), static_cast<int>((a[2] & lo4) | ((a[0] >> 2) & top2)),
                                     static_cast<int>(a[1] & lo6),
                                     static_cast<int>(((a[2] >> 4) & lo4) | ((a[1] >> 2) & top2)));
-  const __m512 dd = _mm512_insertf32x8(_mm512_set1_ps(_cvtsh_ss(load_u16(p))),
-                                       _mm256_set1_ps(_cvtsh_ss(load_u16(p + 2))), 1);
-  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sm)), dd);
+  return _mm512_cvtepu8_epi32(sm);
 }
 
-// Sub-block pair jj of Q4_K/Q5_K: lanes 0..7 scale 2jj, lanes 8..15 scale 2jj + 1.
-inline __m512 pair_scale(__m512 S, int jj) {
-  return _mm512_permutexvar_ps(
-      _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32(2 * jj), _mm512_set1_epi32(2 * jj + 1)), S);
-}
-
-// Q4_K / Q5_K: codes 0..15 (0..31) per 32-element sub-block, scale d*sc and min dmin*m: the min
-// terms are dmin*m[s] times the fp32 sums of x, 8 lanes per super-block.
+// Q4_K / Q5_K: codes 0..15 (0..31) per 32-element sub-block with 6-bit scale sc and min m: the min
+// terms dmin * m[s] multiply the fp32 sums of x, 8 lanes per super-block.
 template <bool kQ5>
 struct QK45 {
   static constexpr int elems = 256, bytes = kQ5 ? 176 : 144;
   template <int NV>
   static inline void block(const uint8_t* p, const Q8Ref* xs, int k, __m512* acc, __m256* off) {
-    const __m512 S = kquant_scales(p);
+    const __m512i sc = kquant_scales(p);
+    const float d = _cvtsh_ss(load_u16(p));
+    const __m256 M = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(sc, 1)),
+                                   _mm256_set1_ps(_cvtsh_ss(load_u16(p + 2))));
     const __m512i sh = _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0x0004000400040004,
                                         0x0004000400040004, 0, 0, 0, 0);
     const uint8_t* qs = p + (kQ5 ? 48 : 16);
-    __m512i qh;
+    __m512i qh = _mm512_setzero_si512();
     if (kQ5) qh = _mm512_broadcast_i64x4(ld256(p + 16));
+    __m512i iacc[NV];
+    for (int j = 0; j < NV; ++j) iacc[j] = _mm512_setzero_si512();
 #pragma GCC unroll 4
     for (int jj = 0; jj < 4; ++jj) {
       __m512i codes =
@@ -446,10 +447,18 @@ struct QK45 {
                                                     _mm512_set1_epi8(static_cast<char>(1 << (2 * jj + 1))));
         codes = _mm512_mask_add_epi8(codes, _mm512_test_epi8_mask(qh, bit), codes, _mm512_set1_epi8(16));
       }
-      dot64<NV>(codes, pair_scale(S, jj), xs, k + 64 * jj, acc);
+      // lanes 0..7: scale 2jj, lanes 8..15: scale 2jj + 1
+      const __m512i scw = _mm512_permutexvar_epi32(
+          _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32(2 * jj), _mm512_set1_epi32(2 * jj + 1)), sc);
+      for (int j = 0; j < NV; ++j) {
+        const __m512i lane = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, ld512(xs[j].q + k + 64 * jj));
+        iacc[j] = _mm512_dpwssd_epi32(iacc[j], lane, scw);
+      }
     }
-    const __m256 M = _mm512_extractf32x8_ps(S, 1);
-    for (int j = 0; j < NV; ++j) off[j] = _mm256_fmadd_ps(M, _mm256_loadu_ps(xs[j].xsum + k / 32), off[j]);
+    for (int j = 0; j < NV; ++j) {
+      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[j]), _mm512_set1_ps(d * xs[j].dl[k / 4]), acc[j]);
+      off[j] = _mm256_fmadd_ps(M, _mm256_loadu_ps(xs[j].xsum + k / 32), off[j]);
+    }
   }
 };
 
@@ -458,14 +467,17 @@ struct Q6K {
   static constexpr int elems = 256, bytes = 210;
   template <int NV>
   static inline void block(const uint8_t* p, const Q8Ref* xs, int k, __m512* acc, __m256* /*off*/) {
-    const __m512 S = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(ld128(p + 192))),
-                                   _mm512_set1_ps(_cvtsh_ss(load_u16(p + 208))));
+    // int8 scales sign-extended, high words cleared (VPDPWSSD multiplies word pairs)
+    const __m512i sc = _mm512_and_si512(_mm512_cvtepi8_epi32(ld128(p + 192)), _mm512_set1_epi32(0xffff));
+    const float d = _cvtsh_ss(load_u16(p + 208));
     const __m512i shl = _mm512_set_epi64(0x0002000200020002, 0x0002000200020002, 0x0002000200020002,
                                          0x0002000200020002, 0x0004000400040004, 0x0004000400040004,
                                          0x0004000400040004, 0x0004000400040004);
     const __m512i shr = _mm512_set_epi64(0x0002000200020002, 0x0002000200020002, 0x0002000200020002,
                                          0x0002000200020002, 0, 0, 0, 0);
     const __m512i m0f = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
+    __m512i iacc[NV];
+    for (int j = 0; j < NV; ++j) iacc[j] = _mm512_setzero_si512();
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
       const __m512i ql = ld512(p + 64 * h);
@@ -474,13 +486,22 @@ struct Q6K {
       const __m512i lo = _mm512_ternarylogic_epi32(ql, m0f, _mm512_and_si512(_mm512_sllv_epi16(hz, shl), m30), 0xEA);
       const __m512i hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), m0f,
                                                    _mm512_and_si512(_mm512_srlv_epi16(hz, shr), m30), 0xEA);
+#pragma GCC unroll 2
       for (int g2 = 0; g2 < 2; ++g2) {
         const int g = 2 * h + g2;  // elements 64g..64g+63 use scales 4g..4g+3, 4 lanes each
         const __m512i idx = _mm512_set_epi32(4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 2, 4 * g + 2,
                                              4 * g + 2, 4 * g + 2, 4 * g + 1, 4 * g + 1, 4 * g + 1, 4 * g + 1,
                                              4 * g, 4 * g, 4 * g, 4 * g);
-        dot64<NV>(g2 ? hi : lo, _mm512_permutexvar_ps(idx, S), xs, k + 64 * g, acc);
+        const __m512i scw = _mm512_permutexvar_epi32(idx, sc);
+        const int kg = k + 64 * g;
+        for (int j = 0; j < NV; ++j) {
+          const __m512i lane = _mm512_dpbusd_epi32(ld512(xs[j].c + kg / 4), g2 ? hi : lo, ld512(xs[j].q + kg));
+          iacc[j] = _mm512_dpwssd_epi32(iacc[j], lane, scw);
+        }
       }
+    }
+    for (int j = 0; j < NV; ++j) {
+      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[j]), _mm512_set1_ps(d * xs[j].dl[k / 4]), acc[j]);
     }
   }
 };
@@ -506,6 +527,41 @@ void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, flo
   }
 }
 
+}  // namespace
+
+void quantize(const float* x, int k0, int k1, int K, int G, int off, void* base) {
+  auto* b = static_cast<uint8_t*>(base);
+  auto* q = reinterpret_cast<int8_t*>(b);
+  auto* c = reinterpret_cast<int32_t*>(b + K);
+  auto* dl = reinterpret_cast<float*>(b + 2 * static_cast<size_t>(K));
+  auto* xsum = reinterpret_cast<float*>(b + 3 * static_cast<size_t>(K));
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  for (int g = k0; g < k1; g += G) {
+    __m512 mx = _mm512_setzero_ps();
+    for (int k = g; k < g + G; k += 16) mx = _mm512_max_ps(mx, _mm512_and_ps(_mm512_loadu_ps(x + k), absmask));
+    const float amax = _mm512_reduce_max_ps(mx);
+    const float dx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+    const __m512 vinv = _mm512_set1_ps(inv);
+    for (int k = g; k < g + G; k += 32) {
+      const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
+      xsum[k / 32] = _mm512_reduce_add_ps(_mm512_add_ps(x0, x1));
+      // round half to even (MXCSR default), |x * inv| <= 127 up to rounding: clamp, then narrow
+      const __m512i lim = _mm512_set1_epi32(127);
+      const __m512i q0 = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x0, vinv)), lim),
+                                          _mm512_sub_epi32(_mm512_setzero_si512(), lim));
+      const __m512i q1 = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x1, vinv)), lim),
+                                          _mm512_sub_epi32(_mm512_setzero_si512(), lim));
+      const __m256i qb = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtepi32_epi8(q0)),
+                                                 _mm512_cvtepi32_epi8(q1), 1);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k), qb);
+      const __m256i s4 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), qb);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + k / 4), _mm256_mullo_epi32(s4, _mm256_set1_epi32(-off)));
+      _mm256_storeu_ps(dl + k / 4, _mm256_set1_ps(dx));
+    }
+  }
+}
+
+namespace {
 #define FT_GGML_Q8_DISPATCH(NAME, ROWS)                                                                       \
   template <class T>                                                                                        \
   void NAME(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) { \
@@ -557,17 +613,17 @@ namespace {
 // weights are dequantized to fp32 in registers either way, and a bf16 dot product would only add a
 // conversion).
 const TypeInfo kTypes[] = {
-    {8, "Q8_0", 32, 34, FT_GGML_TIERS((rows_scalar<32, 34, deq_q8_0>), Q8_0), FT_GGML_Q8(q8_32, Q8_0), 128},
-    {2, "Q4_0", 32, 18, FT_GGML_TIERS((rows_scalar<32, 18, deq_q4_0>), Q4_0), FT_GGML_Q8(q8_32, Q4_0), 8},
+    {8, "Q8_0", 32, 34, FT_GGML_TIERS((rows_scalar<32, 34, deq_q8_0>), Q8_0), FT_GGML_Q8(q8_32, Q8_0), 128, 32},
+    {2, "Q4_0", 32, 18, FT_GGML_TIERS((rows_scalar<32, 18, deq_q4_0>), Q4_0), FT_GGML_Q8(q8_32, Q4_0), 8, 32},
     {30, "BF16", 1, 2, {rows_bf16<Isa::scalar>, rows_bf16<Isa::avx2>, rows_bf16<Isa::avx512>, rows_bf16<Isa::avx512>},
-     {multi_bf16<Isa::scalar>, multi_bf16<Isa::avx2>, multi_bf16<Isa::avx512>, multi_bf16<Isa::avx512>}, nullptr, 0},
-    {1, "F16", 1, 2, FT_GGML_F16_TIERS, nullptr, 0},
-    {39, "MXFP4", 32, 17, FT_GGML_TIERS((rows_scalar<32, 17, deq_mxfp4>), MXFP4), nullptr, 0},
+     {multi_bf16<Isa::scalar>, multi_bf16<Isa::avx2>, multi_bf16<Isa::avx512>, multi_bf16<Isa::avx512>}, nullptr, 0, 32},
+    {1, "F16", 1, 2, FT_GGML_F16_TIERS, nullptr, 0, 32},
+    {39, "MXFP4", 32, 17, FT_GGML_TIERS((rows_scalar<32, 17, deq_mxfp4>), MXFP4), nullptr, 0, 32},
     {12, "Q4_K", 256, 144, FT_GGML_TIERS((rows_scalar<256, 144, deq_q4_k>), Q4_K), FT_GGML_Q8(q8_256, QK45<false>),
-     0},
-    {14, "Q6_K", 256, 210, FT_GGML_TIERS((rows_scalar<256, 210, deq_q6_k>), Q6_K), FT_GGML_Q8(q8_256, Q6K), 32},
+     0, 256},
+    {14, "Q6_K", 256, 210, FT_GGML_TIERS((rows_scalar<256, 210, deq_q6_k>), Q6_K), FT_GGML_Q8(q8_256, Q6K), 32, 256},
     {13, "Q5_K", 256, 176, FT_GGML_TIERS((rows_scalar<256, 176, deq_q5_k>), Q5_K), FT_GGML_Q8(q8_256, QK45<true>),
-     0},
+     0, 256},
 };
 
 }  // namespace
@@ -605,33 +661,13 @@ size_t row_bytes(const std::string& context, const TypeInfo& t, long long K, con
   return static_cast<size_t>(K / t.block_elems) * t.block_bytes;
 }
 
-void q8_quantize(const float* x, int k0, int k1, int K, int off, void* base) {
-  auto* b = static_cast<uint8_t*>(base);
-  auto* q = reinterpret_cast<int8_t*>(b);
-  auto* c = reinterpret_cast<int32_t*>(b + K);
-  auto* dl = reinterpret_cast<float*>(b + 2 * static_cast<size_t>(K));
-  auto* xsum = reinterpret_cast<float*>(b + 3 * static_cast<size_t>(K));
-  for (int k = k0; k < k1; k += 32) {
-    float amax = 0.f, sum = 0.f;
-    for (int i = 0; i < 32; ++i) {
-      amax = std::max(amax, std::fabs(x[k + i]));
-      sum += x[k + i];
-    }
-    const float dx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
-    for (int l = 0; l < 8; ++l) {
-      int s4 = 0;
-      for (int i = 0; i < 4; ++i) {
-        const int v = static_cast<int>(std::nearbyint(x[k + 4 * l + i] * inv));
-        const int qv = std::min(127, std::max(-127, v));
-        q[k + 4 * l + i] = static_cast<int8_t>(qv);
-        s4 += qv;
-      }
-      c[k / 4 + l] = -off * s4;
-      dl[k / 4 + l] = dx;
-    }
-    xsum[k / 32] = sum;
-  }
+#if FT_X86
+void q8_quantize(const float* x, int k0, int k1, int K, int G, int off, void* base) {
+  vnni::quantize(x, k0, k1, K, G, off, base);
 }
+#else
+void q8_quantize(const float*, int, int, int, int, int, void*) { throw Error("q8_quantize needs AVX-512"); }
+#endif
 
 GgmlMoeFormat::GgmlMoeFormat(const MoeParams& p, const Matrix& gate, const Matrix& up, const Matrix& down)
     : p_(p), gate_(gate), up_(up), down_(down) {
@@ -646,12 +682,13 @@ void GgmlMoeFormat::prep_input(const TaskInput& in) {
   const size_t nb = q8_bytes(H);
   if (xq_.size() < in.num_tokens * nb) xq_.resize(in.num_tokens * nb);
   for (int t = 0; t < in.num_tokens; ++t) {
-    q8_quantize(in.x_f32 + static_cast<size_t>(t) * H, 0, H, H, gate_.type->q8_off, xq_.data() + t * nb);
+    q8_quantize(in.x_f32 + static_cast<size_t>(t) * H, 0, H, H, gate_.type->q8_group, gate_.type->q8_off,
+                xq_.data() + t * nb);
   }
 }
 
 void GgmlMoeFormat::prep_inter(const float* h, int i0, int i1, void* prepped) const {
-  if (down_q8_) q8_quantize(h, i0, i1, p_.intermediate, down_.type->q8_off, prepped);
+  if (down_q8_) q8_quantize(h, i0, i1, p_.intermediate, down_.type->q8_group, down_.type->q8_off, prepped);
 }
 
 void GgmlMoeFormat::mat_rows(const Matrix& m, bool q8, int e, int r0, int r1, const float* const* xs,

@@ -21,6 +21,7 @@
 //                             q[l+96] = ql[l+32]>>4 | (qh[l]>>6)<<4 (ql, qh offset by 64h, 32h)
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -38,12 +39,14 @@ using RowsFn = void (*)(const uint8_t* W, size_t ld, int nrows, const float* x, 
 using MultiFn = void (*)(const uint8_t* W, size_t ld, int nrows, const float* const* xs, int n, int K, float* out,
                          int os, int prefetch);
 
-// A vector of K elements quantized to int8 per 32 elements for the int8 (VNNI) kernels:
-//   q[k]     = round(x[k] / dx_b), dx_b = amax(|x| over block b = k / 32) / 127 (0 for a zero block)
+// A vector of K elements quantized to int8 per group of G elements (G = 32 for Q4_0/Q8_0 as ggml's
+// Q8_0 activations, 256 for the K-quants as its Q8_K) for the int8 (VNNI) kernels:
+//   q[k]     = round-half-even(x[k] * (127 / amax_g)) in fp32, amax_g = max |x| over the group of k
+//              (0 for a zero group); the value is q[k] * dx_g, dx_g = amax_g / 127
 //   c[l]     = -off * (q[4l] + .. + q[4l+3])   (the constant code offset of the weight type, folded into
 //                                                 the int32 start of each VPDPBUSD lane)
-//   dl[l]    = dx of the block of lane l (elements 4l..4l+3)
-//   xsum[b]  = sum of the unquantized x over block b (fp32; the min terms of Q4_K/Q5_K)
+//   dl[l]    = dx of the group of lane l (elements 4l..4l+3)
+//   xsum[b]  = sum of the unquantized x over elements 32b..32b+31 (fp32; the min terms of Q4_K/Q5_K)
 struct Q8Ref {
   const int8_t* q;
   const int32_t* c;
@@ -58,8 +61,9 @@ inline Q8Ref q8_view(const void* base, int K) {
                reinterpret_cast<const float*>(b + 2 * static_cast<size_t>(K)),
                reinterpret_cast<const float*>(b + 3 * static_cast<size_t>(K))};
 }
-// Quantizes elements [k0, k1) (multiples of 32) of x into the Q8 vector of K elements at `base`.
-void q8_quantize(const float* x, int k0, int k1, int K, int off, void* base);
+// Quantizes elements [k0, k1) (multiples of G) of x into the Q8 vector of K elements at `base`
+// (AVX-512; only the avx512_bf16 tier has q8 kernels).
+void q8_quantize(const float* x, int k0, int k1, int K, int G, int off, void* base);
 // Int8 kernels: out[j * os + r] = row r . dequant(xs[j]) for n <= 8 vectors.
 using Q8Fn = void (*)(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os,
                       int prefetch);
@@ -73,6 +77,7 @@ struct TypeInfo {
   MultiFn multi[kNumIsa];  // n >= 2 vectors
   Q8Fn q8;                 // int8-activation kernels of the avx512_bf16 tier (AVX512-VNNI), or nullptr
   int q8_off;              // the code offset q8 takes out through Q8Ref::c
+  int q8_group;            // elements per x scale that q8 expects (32 or 256)
 };
 
 // The supported type of ggml id `id`, or nullptr.
@@ -109,7 +114,8 @@ class GgmlMoeFormat final : public MoeFormat {
   void down(int h0, int h1, const RouteRef* routes, int n, float* out) const override;
   bool has_down_rows() const override { return true; }
   void down_rows(int e, int h0, int h1, const RouteRef* routes, int n, float* out, int stride) const override;
-  int pass1_rows() const override { return down_q8_ ? 32 : 16; }  // whole Q8 blocks of h per unit
+  // Whole Q8 groups of h per unit.
+  int pass1_rows() const override { return down_q8_ ? std::max(32, down_.type->q8_group) : 16; }
   int pass2_rows() const override { return kPass2Rows; }
   void prep_input(const TaskInput& in) override;
   size_t inter_prep_bytes() const override { return down_q8_ ? q8_bytes(p_.intermediate) : 0; }
