@@ -300,10 +300,12 @@ struct V {
 
 // ---- avx512_bf16 tier: int8 activations (Q8Ref) and VPDPBUSD ----
 //
-// Each VPDPBUSD lane sums 4 products of unsigned weight codes and int8 x codes, starting from c (the
-// weight type's code offset times the lane's x sum, see Q8Ref), so a lane holds sum (w - off) * q
-// exactly in int32. Lanes are then scaled in fp32 by (weight scale of their block) * dx of their
-// block and accumulated: 16 lanes = 64 elements per instruction.
+// Each VPDPBUSD lane sums 4 products of unsigned and signed bytes into int32, exactly. Q4_0, Q8_0
+// and Q6_K make their weight codes signed (code - offset) and take x as unsigned (x code + 128):
+// the lane starts from -128 * (sum of its 4 weights), computed once per weight block for all
+// vectors, so each vector costs one load and one VPDPBUSD per 64 elements. Q4_K/Q5_K codes are
+// unsigned already (their offsets are the min terms) and take x signed. Q4_0/Q8_0 lanes are then
+// scaled in fp32 by (weight scale of their block) * dx of their block (x in groups of 32).
 #if defined(__clang__)
 #pragma clang attribute push(                                                                            \
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,fma,f16c"))), \
@@ -319,21 +321,28 @@ inline __m512i ld512(const void* p) { return _mm512_loadu_si512(p); }
 inline __m256i ld256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline __m128i ld128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
 
-// acc[j] += cvt(c_j + codes . q_j) * ws * dl_j for the 64 elements at k (mask: lanes/bytes present).
+// -128 * (sum of each lane's 4 signed weight bytes): the start of the lanes against x + 128.
+inline __m512i unsigned_x_start(__m512i w) {
+  return _mm512_sub_epi32(_mm512_setzero_si512(),
+                          _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)), w));
+}
+
+// acc[j] += cvt(sum (x_j + 128) * w - 128 * sum w) * ws * dl_j for the 64 elements at k.
 template <int NV>
-inline void dot64(__m512i codes, __m512 ws, const Q8Ref* xs, int k, __m512* acc) {
+inline void dot64(__m512i w, __m512 ws, const Q8Ref* xs, int k, __m512* acc) {
+  const __m512i start = unsigned_x_start(w);
   for (int j = 0; j < NV; ++j) {
-    const __m512i s = _mm512_dpbusd_epi32(ld512(xs[j].c + k / 4), codes, ld512(xs[j].q + k));
+    const __m512i s = _mm512_dpbusd_epi32(start, ld512(xs[j].q + k), w);
     acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, _mm512_loadu_ps(xs[j].dl + k / 4)), acc[j]);
   }
 }
 
-// A single 32-element block at k (the last of an odd row): the upper 8 lanes are zero.
+// A single 32-element block at k (the last of an odd row): the upper 8 lanes get dl = 0.
 template <int NV>
-inline void dot32(__m512i codes, __m512 ws, const Q8Ref* xs, int k, __m512* acc) {
+inline void dot32(__m512i w, __m512 ws, const Q8Ref* xs, int k, __m512* acc) {
+  const __m512i start = unsigned_x_start(w);
   for (int j = 0; j < NV; ++j) {
-    const __m512i s = _mm512_dpbusd_epi32(_mm512_maskz_loadu_epi32(0x00ff, xs[j].c + k / 4), codes,
-                                          _mm512_maskz_loadu_epi8(0xffffffffull, xs[j].q + k));
+    const __m512i s = _mm512_dpbusd_epi32(start, _mm512_maskz_loadu_epi8(0xffffffffull, xs[j].q + k), w);
     acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, _mm512_maskz_loadu_ps(0x00ff, xs[j].dl + k / 4)),
                              acc[j]);
   }
@@ -341,7 +350,7 @@ inline void dot32(__m512i codes, __m512 ws, const Q8Ref* xs, int k, __m512* acc)
 
 inline __m512 f16_bcast(const uint8_t* p) { return _mm512_set1_ps(_cvtsh_ss(load_u16(p))); }
 
-// Q4_0: codes 0..15 (offset 8). Two blocks (64 elements) per step: [lo0 hi0 lo1 hi1] nibbles.
+// Q4_0: codes 0..15 - 8. Two blocks (64 elements) per step: [lo0 hi0 lo1 hi1] nibbles.
 struct Q4_0 {
   static constexpr int elems = 32, bytes = 18;
   template <int NV>
@@ -350,38 +359,37 @@ struct Q4_0 {
                                         0x0004000400040004, 0, 0);
     __m512i raw = _mm512_broadcast_i32x4(ld128(p + 2));
     raw = _mm512_mask_broadcast_i32x4(raw, 0xff00, ld128(p + 20));
-    const __m512i codes = _mm512_and_si512(_mm512_srlv_epi16(raw, sh), _mm512_set1_epi8(15));
+    const __m512i w =
+        _mm512_sub_epi8(_mm512_and_si512(_mm512_srlv_epi16(raw, sh), _mm512_set1_epi8(15)), _mm512_set1_epi8(8));
     // d0 to lanes 0..7, d1 (word 9) to lanes 8..15.
     const __m256i idx = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 9, 9, 9, 9, 9, 9, 9, 9);
     const __m512 ws = _mm512_cvtph_ps(_mm256_permutexvar_epi16(idx, ld256(p)));
-    dot64<NV>(codes, ws, xs, k, acc);
+    dot64<NV>(w, ws, xs, k, acc);
   }
   template <int NV>
   static inline void single(const uint8_t* p, const Q8Ref* xs, int k, __m512* acc) {
     const __m512i sh = _mm512_set_epi64(0, 0, 0, 0, 0x0004000400040004, 0x0004000400040004, 0, 0);
     const __m512i raw = _mm512_maskz_broadcast_i32x4(0x00ff, ld128(p + 2));
-    const __m512i codes = _mm512_and_si512(_mm512_srlv_epi16(raw, sh), _mm512_set1_epi8(15));
-    dot32<NV>(codes, f16_bcast(p), xs, k, acc);
+    const __m512i w =
+        _mm512_sub_epi8(_mm512_and_si512(_mm512_srlv_epi16(raw, sh), _mm512_set1_epi8(15)), _mm512_set1_epi8(8));
+    dot32<NV>(w, f16_bcast(p), xs, k, acc);
   }
 };
 
-// Q8_0: int8 codes made unsigned by flipping the sign bit (offset 128).
+// Q8_0: int8 codes as they are.
 struct Q8_0 {
   static constexpr int elems = 32, bytes = 34;
   template <int NV>
   static inline void pair(const uint8_t* p, const Q8Ref* xs, int k, __m512* acc) {
-    const __m512i raw = _mm512_inserti64x4(_mm512_castsi256_si512(ld256(p + 2)), ld256(p + 36), 1);
-    const __m512i codes = _mm512_xor_si512(raw, _mm512_set1_epi8(static_cast<char>(0x80)));
+    const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(ld256(p + 2)), ld256(p + 36), 1);
     const __m512i idx = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 17, 17, 17, 17, 17, 17, 17,
                                          17, 0, 0, 0, 0, 0, 0, 0, 0);
     const __m512 ws = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(idx, ld512(p))));
-    dot64<NV>(codes, ws, xs, k, acc);
+    dot64<NV>(w, ws, xs, k, acc);
   }
   template <int NV>
   static inline void single(const uint8_t* p, const Q8Ref* xs, int k, __m512* acc) {
-    const __m512i codes =
-        _mm512_xor_si512(_mm512_zextsi256_si512(ld256(p + 2)), _mm512_set1_epi8(static_cast<char>(0x80)));
-    dot32<NV>(codes, f16_bcast(p), xs, k, acc);
+    dot32<NV>(_mm512_zextsi256_si512(ld256(p + 2)), f16_bcast(p), xs, k, acc);
   }
 };
 
@@ -462,7 +470,7 @@ struct QK45 {
   }
 };
 
-// Q6_K: codes 0..63 (offset 32), an int8 scale per 16 elements (4 lanes).
+// Q6_K: codes 0..63 - 32 (signed, x unsigned), an int8 scale per 16 elements (4 lanes).
 struct Q6K {
   static constexpr int elems = 256, bytes = 210;
   template <int NV>
@@ -483,9 +491,13 @@ struct Q6K {
       const __m512i ql = ld512(p + 64 * h);
       const __m512i hz = _mm512_broadcast_i64x4(ld256(p + 128 + 32 * h));
       // (a & b) | c: 0xEA
-      const __m512i lo = _mm512_ternarylogic_epi32(ql, m0f, _mm512_and_si512(_mm512_sllv_epi16(hz, shl), m30), 0xEA);
-      const __m512i hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), m0f,
-                                                   _mm512_and_si512(_mm512_srlv_epi16(hz, shr), m30), 0xEA);
+      // (a & b) | c: 0xEA; then code - 32, signed
+      const __m512i c32 = _mm512_set1_epi8(32);
+      const __m512i lo = _mm512_sub_epi8(
+          _mm512_ternarylogic_epi32(ql, m0f, _mm512_and_si512(_mm512_sllv_epi16(hz, shl), m30), 0xEA), c32);
+      const __m512i hi = _mm512_sub_epi8(_mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), m0f,
+                                                                   _mm512_and_si512(_mm512_srlv_epi16(hz, shr), m30), 0xEA),
+                                         c32);
 #pragma GCC unroll 2
       for (int g2 = 0; g2 < 2; ++g2) {
         const int g = 2 * h + g2;  // elements 64g..64g+63 use scales 4g..4g+3, 4 lanes each
@@ -494,8 +506,10 @@ struct Q6K {
                                              4 * g, 4 * g, 4 * g, 4 * g);
         const __m512i scw = _mm512_permutexvar_epi32(idx, sc);
         const int kg = k + 64 * g;
+        const __m512i w = g2 ? hi : lo;
+        const __m512i start = unsigned_x_start(w);
         for (int j = 0; j < NV; ++j) {
-          const __m512i lane = _mm512_dpbusd_epi32(ld512(xs[j].c + kg / 4), g2 ? hi : lo, ld512(xs[j].q + kg));
+          const __m512i lane = _mm512_dpbusd_epi32(start, ld512(xs[j].q + kg), w);
           iacc[j] = _mm512_dpwssd_epi32(iacc[j], lane, scw);
         }
       }
@@ -529,12 +543,12 @@ void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, flo
 
 }  // namespace
 
-void quantize(const float* x, int k0, int k1, int K, int G, int off, void* base) {
+void quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, void* base) {
   auto* b = static_cast<uint8_t*>(base);
-  auto* q = reinterpret_cast<int8_t*>(b);
-  auto* c = reinterpret_cast<int32_t*>(b + K);
-  auto* dl = reinterpret_cast<float*>(b + 2 * static_cast<size_t>(K));
-  auto* xsum = reinterpret_cast<float*>(b + 3 * static_cast<size_t>(K));
+  uint8_t* q = b;
+  auto* dl = reinterpret_cast<float*>(b + K);
+  auto* xsum = reinterpret_cast<float*>(b + 2 * static_cast<size_t>(K));
+  const __m256i flip = _mm256_set1_epi8(unsigned_x ? static_cast<char>(0x80) : 0);
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   for (int g = k0; g < k1; g += G) {
     __m512 mx = _mm512_setzero_ps();
@@ -553,9 +567,7 @@ void quantize(const float* x, int k0, int k1, int K, int G, int off, void* base)
                                           _mm512_sub_epi32(_mm512_setzero_si512(), lim));
       const __m256i qb = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtepi32_epi8(q0)),
                                                  _mm512_cvtepi32_epi8(q1), 1);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k), qb);
-      const __m256i s4 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), qb);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + k / 4), _mm256_mullo_epi32(s4, _mm256_set1_epi32(-off)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k), _mm256_xor_si256(qb, flip));
       _mm256_storeu_ps(dl + k / 4, _mm256_set1_ps(dx));
     }
   }
@@ -613,17 +625,17 @@ namespace {
 // weights are dequantized to fp32 in registers either way, and a bf16 dot product would only add a
 // conversion).
 const TypeInfo kTypes[] = {
-    {8, "Q8_0", 32, 34, FT_GGML_TIERS((rows_scalar<32, 34, deq_q8_0>), Q8_0), FT_GGML_Q8(q8_32, Q8_0), 128, 32},
-    {2, "Q4_0", 32, 18, FT_GGML_TIERS((rows_scalar<32, 18, deq_q4_0>), Q4_0), FT_GGML_Q8(q8_32, Q4_0), 8, 32},
+    {8, "Q8_0", 32, 34, FT_GGML_TIERS((rows_scalar<32, 34, deq_q8_0>), Q8_0), FT_GGML_Q8(q8_32, Q8_0), true, 32},
+    {2, "Q4_0", 32, 18, FT_GGML_TIERS((rows_scalar<32, 18, deq_q4_0>), Q4_0), FT_GGML_Q8(q8_32, Q4_0), true, 32},
     {30, "BF16", 1, 2, {rows_bf16<Isa::scalar>, rows_bf16<Isa::avx2>, rows_bf16<Isa::avx512>, rows_bf16<Isa::avx512>},
-     {multi_bf16<Isa::scalar>, multi_bf16<Isa::avx2>, multi_bf16<Isa::avx512>, multi_bf16<Isa::avx512>}, nullptr, 0, 32},
-    {1, "F16", 1, 2, FT_GGML_F16_TIERS, nullptr, 0, 32},
-    {39, "MXFP4", 32, 17, FT_GGML_TIERS((rows_scalar<32, 17, deq_mxfp4>), MXFP4), nullptr, 0, 32},
+     {multi_bf16<Isa::scalar>, multi_bf16<Isa::avx2>, multi_bf16<Isa::avx512>, multi_bf16<Isa::avx512>}, nullptr, false, 32},
+    {1, "F16", 1, 2, FT_GGML_F16_TIERS, nullptr, false, 32},
+    {39, "MXFP4", 32, 17, FT_GGML_TIERS((rows_scalar<32, 17, deq_mxfp4>), MXFP4), nullptr, false, 32},
     {12, "Q4_K", 256, 144, FT_GGML_TIERS((rows_scalar<256, 144, deq_q4_k>), Q4_K), FT_GGML_Q8(q8_256, QK45<false>),
-     0, 256},
-    {14, "Q6_K", 256, 210, FT_GGML_TIERS((rows_scalar<256, 210, deq_q6_k>), Q6_K), FT_GGML_Q8(q8_256, Q6K), 32, 256},
+     false, 256},
+    {14, "Q6_K", 256, 210, FT_GGML_TIERS((rows_scalar<256, 210, deq_q6_k>), Q6_K), FT_GGML_Q8(q8_256, Q6K), true, 256},
     {13, "Q5_K", 256, 176, FT_GGML_TIERS((rows_scalar<256, 176, deq_q5_k>), Q5_K), FT_GGML_Q8(q8_256, QK45<true>),
-     0, 256},
+     false, 256},
 };
 
 }  // namespace
@@ -662,11 +674,11 @@ size_t row_bytes(const std::string& context, const TypeInfo& t, long long K, con
 }
 
 #if FT_X86
-void q8_quantize(const float* x, int k0, int k1, int K, int G, int off, void* base) {
-  vnni::quantize(x, k0, k1, K, G, off, base);
+void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, void* base) {
+  vnni::quantize(x, k0, k1, K, G, unsigned_x, base);
 }
 #else
-void q8_quantize(const float*, int, int, int, int, int, void*) { throw Error("q8_quantize needs AVX-512"); }
+void q8_quantize(const float*, int, int, int, int, bool, void*) { throw Error("q8_quantize needs AVX-512"); }
 #endif
 
 GgmlMoeFormat::GgmlMoeFormat(const MoeParams& p, const Matrix& gate, const Matrix& up, const Matrix& down)
@@ -682,13 +694,13 @@ void GgmlMoeFormat::prep_input(const TaskInput& in) {
   const size_t nb = q8_bytes(H);
   if (xq_.size() < in.num_tokens * nb) xq_.resize(in.num_tokens * nb);
   for (int t = 0; t < in.num_tokens; ++t) {
-    q8_quantize(in.x_f32 + static_cast<size_t>(t) * H, 0, H, H, gate_.type->q8_group, gate_.type->q8_off,
+    q8_quantize(in.x_f32 + static_cast<size_t>(t) * H, 0, H, H, gate_.type->q8_group, gate_.type->q8_xu,
                 xq_.data() + t * nb);
   }
 }
 
 void GgmlMoeFormat::prep_inter(const float* h, int i0, int i1, void* prepped) const {
-  if (down_q8_) q8_quantize(h, i0, i1, p_.intermediate, down_.type->q8_group, down_.type->q8_off, prepped);
+  if (down_q8_) q8_quantize(h, i0, i1, p_.intermediate, down_.type->q8_group, down_.type->q8_xu, prepped);
 }
 
 void GgmlMoeFormat::mat_rows(const Matrix& m, bool q8, int e, int r0, int r1, const float* const* xs,

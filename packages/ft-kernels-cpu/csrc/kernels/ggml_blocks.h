@@ -41,29 +41,28 @@ using MultiFn = void (*)(const uint8_t* W, size_t ld, int nrows, const float* co
 
 // A vector of K elements quantized to int8 per group of G elements (G = 32 for Q4_0/Q8_0 as ggml's
 // Q8_0 activations, 256 for the K-quants as its Q8_K) for the int8 (VNNI) kernels:
-//   q[k]     = round-half-even(x[k] * (127 / amax_g)) in fp32, amax_g = max |x| over the group of k
-//              (0 for a zero group); the value is q[k] * dx_g, dx_g = amax_g / 127
-//   c[l]     = -off * (q[4l] + .. + q[4l+3])   (the constant code offset of the weight type, folded into
-//                                                 the int32 start of each VPDPBUSD lane)
+//   code[k]  = round-half-even(x[k] * (127 / amax_g)) in fp32, amax_g = max |x| over the group of k
+//              (0 for a zero group), clamped to [-127, 127]; the value is code[k] * dx_g,
+//              dx_g = amax_g / 127
+//   q[k]     = code[k] as int8, or code[k] + 128 as uint8 when the weight type takes x unsigned
+//              (TypeInfo::q8_xu: VPDPBUSD multiplies unsigned by signed bytes; the weights' side is
+//              then signed and the +128 is taken out once per weight block, for all vectors)
 //   dl[l]    = dx of the group of lane l (elements 4l..4l+3)
 //   xsum[b]  = sum of the unquantized x over elements 32b..32b+31 (fp32; the min terms of Q4_K/Q5_K)
 struct Q8Ref {
-  const int8_t* q;
-  const int32_t* c;
+  const uint8_t* q;
   const float* dl;
   const float* xsum;
 };
-// Bytes of a Q8 vector of K elements (q, c, dl, xsum back to back) and its views.
-inline size_t q8_bytes(int K) { return 3 * static_cast<size_t>(K) + static_cast<size_t>(K) / 8; }
+// Bytes of a Q8 vector of K elements (q, dl, xsum back to back) and its views.
+inline size_t q8_bytes(int K) { return 2 * static_cast<size_t>(K) + static_cast<size_t>(K) / 8; }
 inline Q8Ref q8_view(const void* base, int K) {
   const auto* b = static_cast<const uint8_t*>(base);
-  return Q8Ref{reinterpret_cast<const int8_t*>(b), reinterpret_cast<const int32_t*>(b + K),
-               reinterpret_cast<const float*>(b + 2 * static_cast<size_t>(K)),
-               reinterpret_cast<const float*>(b + 3 * static_cast<size_t>(K))};
+  return Q8Ref{b, reinterpret_cast<const float*>(b + K), reinterpret_cast<const float*>(b + 2 * static_cast<size_t>(K))};
 }
 // Quantizes elements [k0, k1) (multiples of G) of x into the Q8 vector of K elements at `base`
 // (AVX-512; only the avx512_bf16 tier has q8 kernels).
-void q8_quantize(const float* x, int k0, int k1, int K, int G, int off, void* base);
+void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, void* base);
 // Int8 kernels: out[j * os + r] = row r . dequant(xs[j]) for n <= 8 vectors.
 using Q8Fn = void (*)(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os,
                       int prefetch);
@@ -76,7 +75,7 @@ struct TypeInfo {
   RowsFn rows[kNumIsa];    // indexed by Isa
   MultiFn multi[kNumIsa];  // n >= 2 vectors
   Q8Fn q8;                 // int8-activation kernels of the avx512_bf16 tier (AVX512-VNNI), or nullptr
-  int q8_off;              // the code offset q8 takes out through Q8Ref::c
+  bool q8_xu;              // q8 takes x as unsigned (code + 128)
   int q8_group;            // elements per x scale that q8 expects (32 or 256)
 };
 
