@@ -322,31 +322,42 @@ inline __m512i ld512(const void* p) { return _mm512_loadu_si512(p); }
 inline __m256i ld256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline __m128i ld128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
 
-// -128 * (sum of each lane's 4 signed weight bytes): the start of the lanes against x + 128.
+// -128 * (sum of each lane's 4 signed weight bytes w): the start of the lanes against x + 128.
 inline __m512i unsigned_x_start(__m512i w) {
   return _mm512_sub_epi32(_mm512_setzero_si512(),
                           _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)), w));
 }
+// The same for w = codes - off from the unsigned codes, in one instruction: 512 off - 128 sum codes.
+inline __m512i unsigned_x_start(__m512i codes, int off) {
+  return _mm512_dpbusd_epi32(_mm512_set1_epi32(512 * off), codes, _mm512_set1_epi8(-128));
+}
 
 // acc[j] += cvt(sum (x_j + 128) * w - 128 * sum w) * ws * dl_j for the 64 elements at k.
 template <int NV>
-inline void dot64(__m512i w, __m512 ws, const Q8Ref* xs, int k, __m512* acc) {
-  const __m512i start = unsigned_x_start(w);
+inline void dot64(__m512i w, __m512i start, __m512 ws, const Q8Ref* xs, int K, int k, __m512* acc) {
+  const int kd = K + k;
   for (int j = 0; j < NV; ++j) {
     const __m512i s = _mm512_dpbusd_epi32(start, ld512(xs[j].q + k), w);
-    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, _mm512_loadu_ps(xs[j].dl + k / 4)), acc[j]);
+    const __m512 dl = _mm512_loadu_ps(reinterpret_cast<const float*>(xs[j].q + kd));
+    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, dl), acc[j]);
   }
 }
 
 // A single 32-element block at k (the last of an odd row): the upper 8 lanes get dl = 0.
 template <int NV>
-inline void dot32(__m512i w, __m512 ws, const Q8Ref* xs, int k, __m512* acc) {
-  const __m512i start = unsigned_x_start(w);
+inline void dot32(__m512i w, __m512i start, __m512 ws, const Q8Ref* xs, int K, int k, __m512* acc) {
+  const int kd = K + k;
   for (int j = 0; j < NV; ++j) {
     const __m512i s = _mm512_dpbusd_epi32(start, _mm512_maskz_loadu_epi8(0xffffffffull, xs[j].q + k), w);
-    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, _mm512_maskz_loadu_ps(0x00ff, xs[j].dl + k / 4)),
-                             acc[j]);
+    const __m512 dl = _mm512_maskz_loadu_ps(0x00ff, reinterpret_cast<const float*>(xs[j].q + kd));
+    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, dl), acc[j]);
   }
+}
+
+inline float load_f32(const uint8_t* p) {
+  float f;
+  std::memcpy(&f, p, sizeof f);
+  return f;
 }
 
 inline __m512 f16_bcast(const uint8_t* p) { return _mm512_set1_ps(_cvtsh_ss(load_u16(p))); }
@@ -355,25 +366,23 @@ inline __m512 f16_bcast(const uint8_t* p) { return _mm512_set1_ps(_cvtsh_ss(load
 struct Q4_0 {
   static constexpr int elems = 32, bytes = 18;
   template <int NV>
-  static inline void pair(const uint8_t* p, const Q8Ref* xs, int k, __m512* acc) {
+  static inline void pair(const uint8_t* p, const Q8Ref* xs, int K, int k, __m512* acc) {
     const __m512i sh = _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0, 0, 0x0004000400040004,
                                         0x0004000400040004, 0, 0);
     __m512i raw = _mm512_broadcast_i32x4(ld128(p + 2));
     raw = _mm512_mask_broadcast_i32x4(raw, 0xff00, ld128(p + 20));
-    const __m512i w =
-        _mm512_sub_epi8(_mm512_and_si512(_mm512_srlv_epi16(raw, sh), _mm512_set1_epi8(15)), _mm512_set1_epi8(8));
+    const __m512i codes = _mm512_and_si512(_mm512_srlv_epi16(raw, sh), _mm512_set1_epi8(15));
     // d0 to lanes 0..7, d1 (word 9) to lanes 8..15.
     const __m256i idx = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 9, 9, 9, 9, 9, 9, 9, 9);
     const __m512 ws = _mm512_cvtph_ps(_mm256_permutexvar_epi16(idx, ld256(p)));
-    dot64<NV>(w, ws, xs, k, acc);
+    dot64<NV>(_mm512_sub_epi8(codes, _mm512_set1_epi8(8)), unsigned_x_start(codes, 8), ws, xs, K, k, acc);
   }
   template <int NV>
-  static inline void single(const uint8_t* p, const Q8Ref* xs, int k, __m512* acc) {
+  static inline void single(const uint8_t* p, const Q8Ref* xs, int K, int k, __m512* acc) {
     const __m512i sh = _mm512_set_epi64(0, 0, 0, 0, 0x0004000400040004, 0x0004000400040004, 0, 0);
     const __m512i raw = _mm512_maskz_broadcast_i32x4(0x00ff, ld128(p + 2));
-    const __m512i w =
-        _mm512_sub_epi8(_mm512_and_si512(_mm512_srlv_epi16(raw, sh), _mm512_set1_epi8(15)), _mm512_set1_epi8(8));
-    dot32<NV>(w, f16_bcast(p), xs, k, acc);
+    const __m512i codes = _mm512_and_si512(_mm512_srlv_epi16(raw, sh), _mm512_set1_epi8(15));
+    dot32<NV>(_mm512_sub_epi8(codes, _mm512_set1_epi8(8)), unsigned_x_start(codes, 8), f16_bcast(p), xs, K, k, acc);
   }
 };
 
@@ -381,16 +390,17 @@ struct Q4_0 {
 struct Q8_0 {
   static constexpr int elems = 32, bytes = 34;
   template <int NV>
-  static inline void pair(const uint8_t* p, const Q8Ref* xs, int k, __m512* acc) {
+  static inline void pair(const uint8_t* p, const Q8Ref* xs, int K, int k, __m512* acc) {
     const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(ld256(p + 2)), ld256(p + 36), 1);
     const __m512i idx = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 17, 17, 17, 17, 17, 17, 17,
                                          17, 0, 0, 0, 0, 0, 0, 0, 0);
     const __m512 ws = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(idx, ld512(p))));
-    dot64<NV>(w, ws, xs, k, acc);
+    dot64<NV>(w, unsigned_x_start(w), ws, xs, K, k, acc);
   }
   template <int NV>
-  static inline void single(const uint8_t* p, const Q8Ref* xs, int k, __m512* acc) {
-    dot32<NV>(_mm512_zextsi256_si512(ld256(p + 2)), f16_bcast(p), xs, k, acc);
+  static inline void single(const uint8_t* p, const Q8Ref* xs, int K, int k, __m512* acc) {
+    const __m512i w = _mm512_zextsi256_si512(ld256(p + 2));
+    dot32<NV>(w, unsigned_x_start(w), f16_bcast(p), xs, K, k, acc);
   }
 };
 
@@ -405,9 +415,9 @@ void rows32(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, floa
     int b = 0;
     for (; b + 2 <= nb; b += 2) {
       if (prefetch) pf.advance(w + b * T::bytes);
-      T::template pair<NV>(w + b * T::bytes, xs, 32 * b, acc);
+      T::template pair<NV>(w + b * T::bytes, xs, K, 32 * b, acc);
     }
-    if (b < nb) T::template single<NV>(w + b * T::bytes, xs, 32 * b, acc);
+    if (b < nb) T::template single<NV>(w + b * T::bytes, xs, K, 32 * b, acc);
     for (int j = 0; j < NV; ++j) out[j * os + r] = _mm512_reduce_add_ps(acc[j]);
   }
 }
@@ -434,7 +444,7 @@ template <bool kQ5>
 struct QK45 {
   static constexpr int elems = 256, bytes = kQ5 ? 176 : 144;
   template <int NV>
-  static inline void block(const uint8_t* p, const Q8Ref* xs, int k, __m512* acc, __m256* off) {
+  static inline void block(const uint8_t* p, const Q8Ref* xs, int K, int k, __m512* acc, __m256* off) {
     const __m512i sc = kquant_scales(p);
     const float d = _cvtsh_ss(load_u16(p));
     const __m256 M = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(sc, 1)),
@@ -465,8 +475,8 @@ struct QK45 {
       }
     }
     for (int j = 0; j < NV; ++j) {
-      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[j]), _mm512_set1_ps(d * xs[j].dl[k / 4]), acc[j]);
-      off[j] = _mm256_fmadd_ps(M, _mm256_loadu_ps(xs[j].xsum + k / 32), off[j]);
+      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[j]), _mm512_set1_ps(d * load_f32(xs[j].q + K + k)), acc[j]);
+      off[j] = _mm256_fmadd_ps(M, _mm256_loadu_ps(reinterpret_cast<const float*>(xs[j].q + 2 * K + k / 8)), off[j]);
     }
   }
 };
@@ -475,7 +485,7 @@ struct QK45 {
 struct Q6K {
   static constexpr int elems = 256, bytes = 210;
   template <int NV>
-  static inline void block(const uint8_t* p, const Q8Ref* xs, int k, __m512* acc, __m256* /*off*/) {
+  static inline void block(const uint8_t* p, const Q8Ref* xs, int K, int k, __m512* acc, __m256* /*off*/) {
     // int8 scales sign-extended, high words cleared (VPDPWSSD multiplies word pairs)
     const __m512i sc = _mm512_and_si512(_mm512_cvtepi8_epi32(ld128(p + 192)), _mm512_set1_epi32(0xffff));
     const float d = _cvtsh_ss(load_u16(p + 208));
@@ -491,14 +501,10 @@ struct Q6K {
     for (int h = 0; h < 2; ++h) {
       const __m512i ql = ld512(p + 64 * h);
       const __m512i hz = _mm512_broadcast_i64x4(ld256(p + 128 + 32 * h));
-      // (a & b) | c: 0xEA
-      // (a & b) | c: 0xEA; then code - 32, signed
-      const __m512i c32 = _mm512_set1_epi8(32);
-      const __m512i lo = _mm512_sub_epi8(
-          _mm512_ternarylogic_epi32(ql, m0f, _mm512_and_si512(_mm512_sllv_epi16(hz, shl), m30), 0xEA), c32);
-      const __m512i hi = _mm512_sub_epi8(_mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), m0f,
-                                                                   _mm512_and_si512(_mm512_srlv_epi16(hz, shr), m30), 0xEA),
-                                         c32);
+      // codes (a & b) | c: 0xEA
+      const __m512i lo = _mm512_ternarylogic_epi32(ql, m0f, _mm512_and_si512(_mm512_sllv_epi16(hz, shl), m30), 0xEA);
+      const __m512i hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), m0f,
+                                                   _mm512_and_si512(_mm512_srlv_epi16(hz, shr), m30), 0xEA);
 #pragma GCC unroll 2
       for (int g2 = 0; g2 < 2; ++g2) {
         const int g = 2 * h + g2;  // elements 64g..64g+63 use scales 4g..4g+3, 4 lanes each
@@ -507,8 +513,9 @@ struct Q6K {
                                              4 * g, 4 * g, 4 * g, 4 * g);
         const __m512i scw = _mm512_permutexvar_epi32(idx, sc);
         const int kg = k + 64 * g;
-        const __m512i w = g2 ? hi : lo;
-        const __m512i start = unsigned_x_start(w);
+        const __m512i codes = g2 ? hi : lo;
+        const __m512i w = _mm512_sub_epi8(codes, _mm512_set1_epi8(32));
+        const __m512i start = unsigned_x_start(codes, 32);
         for (int j = 0; j < NV; ++j) {
           const __m512i lane = _mm512_dpbusd_epi32(start, ld512(xs[j].q + kg), w);
           iacc[j] = _mm512_dpwssd_epi32(iacc[j], lane, scw);
@@ -516,7 +523,7 @@ struct Q6K {
       }
     }
     for (int j = 0; j < NV; ++j) {
-      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[j]), _mm512_set1_ps(d * xs[j].dl[k / 4]), acc[j]);
+      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[j]), _mm512_set1_ps(d * load_f32(xs[j].q + K + k)), acc[j]);
     }
   }
 };
@@ -532,7 +539,7 @@ void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, flo
     for (int j = 0; j < NV; ++j) acc[j] = _mm512_setzero_ps(), off[j] = _mm256_setzero_ps();
     for (int b = 0; b < nb; ++b) {
       if (prefetch) pf.advance(w + b * T::bytes);
-      T::template block<NV>(w + b * T::bytes, xs, 256 * b, acc, off);
+      T::template block<NV>(w + b * T::bytes, xs, K, 256 * b, acc, off);
     }
     for (int j = 0; j < NV; ++j) {
       const __m128 o = _mm_add_ps(_mm256_castps256_ps128(off[j]), _mm256_extractf128_ps(off[j], 1));
@@ -629,7 +636,8 @@ const TypeInfo kTypes[] = {
     {8, "Q8_0", 32, 34, FT_GGML_TIERS((rows_scalar<32, 34, deq_q8_0>), Q8_0), FT_GGML_Q8(q8_32, Q8_0), true, 32},
     {2, "Q4_0", 32, 18, FT_GGML_TIERS((rows_scalar<32, 18, deq_q4_0>), Q4_0), FT_GGML_Q8(q8_32, Q4_0), true, 32},
     {30, "BF16", 1, 2, {rows_bf16<Isa::scalar>, rows_bf16<Isa::avx2>, rows_bf16<Isa::avx512>, rows_bf16<Isa::avx512>},
-     {multi_bf16<Isa::scalar>, multi_bf16<Isa::avx2>, multi_bf16<Isa::avx512>, multi_bf16<Isa::avx512>}, nullptr, false, 32},
+     {multi_bf16<Isa::scalar>, multi_bf16<Isa::avx2>, multi_bf16<Isa::avx512>, multi_bf16<Isa::avx512>}, nullptr, false,
+     32},
     {1, "F16", 1, 2, FT_GGML_F16_TIERS, nullptr, false, 32},
     {39, "MXFP4", 32, 17, FT_GGML_TIERS((rows_scalar<32, 17, deq_mxfp4>), MXFP4), nullptr, false, 32},
     {12, "Q4_K", 256, 144, FT_GGML_TIERS((rows_scalar<256, 144, deq_q4_k>), Q4_K), FT_GGML_Q8(q8_256, QK45<false>),
@@ -729,7 +737,7 @@ void GgmlMoeFormat::gate_up_tokens(const TaskInput& in, int e, const int* tokens
   Q8Ref qs[kMaxTokensPerCall];
   for (int j = 0; j < n; ++j) {
     xs[j] = in.x_f32 + static_cast<size_t>(tokens[j]) * H;
-    if (gu_q8_) qs[j] = q8_view(xq_.data() + tokens[j] * q8_bytes(H), H);
+    if (gu_q8_) qs[j] = Q8Ref{xq_.data() + tokens[j] * q8_bytes(H)};
   }
   mat_rows(gate_, gu_q8_, e, i0, i1, xs, qs, n, H, gate, stride);
   mat_rows(up_, gu_q8_, e, i0, i1, xs, qs, n, H, up, stride);
@@ -751,7 +759,7 @@ void GgmlMoeFormat::down_rows(int e, int h0, int h1, const RouteRef* routes, int
   Q8Ref qs[kMaxTokensPerCall];
   for (int j = 0; j < n; ++j) {
     hs[j] = routes[j].h;
-    if (down_q8_) qs[j] = q8_view(routes[j].h_prepped, I);
+    if (down_q8_) qs[j] = Q8Ref{static_cast<const uint8_t*>(routes[j].h_prepped)};
   }
   mat_rows(down_, down_q8_, e, h0, h1, hs, qs, n, I, out, stride);
   if (down_.bias) {

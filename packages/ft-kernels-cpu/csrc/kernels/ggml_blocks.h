@@ -49,17 +49,13 @@ using MultiFn = void (*)(const uint8_t* W, size_t ld, int nrows, const float* co
 //              then signed and the +128 is taken out once per weight block, for all vectors)
 //   dl[l]    = dx of the group of lane l (elements 4l..4l+3)
 //   xsum[b]  = sum of the unquantized x over elements 32b..32b+31 (fp32; the min terms of Q4_K/Q5_K)
-struct Q8Ref {
-  const uint8_t* q;
-  const float* dl;
-  const float* xsum;
-};
-// Bytes of a Q8 vector of K elements (q, dl, xsum back to back) and its views.
+// Bytes of a Q8 vector of K elements: q [K] bytes, dl [K/4] fp32 at byte K, xsum [K/32] fp32 at byte
+// 2K. Kernels address all three from the vector's base (one pointer per vector: dl of element k is at
+// byte K + k, xsum of its 32-block at byte 2K + k/8).
 inline size_t q8_bytes(int K) { return 2 * static_cast<size_t>(K) + static_cast<size_t>(K) / 8; }
-inline Q8Ref q8_view(const void* base, int K) {
-  const auto* b = static_cast<const uint8_t*>(base);
-  return Q8Ref{b, reinterpret_cast<const float*>(b + K), reinterpret_cast<const float*>(b + 2 * static_cast<size_t>(K))};
-}
+struct Q8Ref {
+  const uint8_t* q;  // the vector's base
+};
 // Quantizes elements [k0, k1) (multiples of G) of x into the Q8 vector of K elements at `base`
 // (AVX-512; only the avx512_bf16 tier has q8 kernels).
 void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, void* base);
