@@ -8,6 +8,7 @@
 #include <memory>
 #include <stdexcept>
 
+#include "bridge.h"
 #include "coordinator.h"
 #include "probe.h"
 #include "runtime.h"
@@ -143,6 +144,76 @@ PYBIND11_MODULE(_ft_gpusync, m) {
         return d;
       },
       py::arg("backend"), py::arg("device") = 0);
+  py::class_<ftg::Runtime>(m, "_Runtime")
+      .def(py::init([](const std::string& backend) { return new ftg::Runtime(parse_backend(backend)); }))
+      .def_property_readonly("available", &ftg::Runtime::available)
+      .def_property_readonly("reason", &ftg::Runtime::reason);
+
+  // Thin stream and graph helpers, so tests and the bench need no torch.
+  auto rt_call = [](ftg::Runtime& rt, int rc, const char* what) {
+    if (rc) throw std::runtime_error(std::string(what) + " failed: " + rt.error_string(rc));
+  };
+  m.def("_stream_create", [rt_call](ftg::Runtime& rt, int device) {
+    void* s = nullptr;
+    rt_call(rt, rt.init(device), "init");
+    rt_call(rt, rt.stream_create(&s), "stream create");
+    return reinterpret_cast<uintptr_t>(s);
+  });
+  m.def("_stream_destroy", [rt_call](ftg::Runtime& rt, uintptr_t s) { rt_call(rt, rt.stream_destroy(reinterpret_cast<void*>(s)), "stream destroy"); });
+  m.def("_stream_sync", [rt_call](ftg::Runtime& rt, uintptr_t s) {
+    int rc;
+    {
+      py::gil_scoped_release nogil;
+      rc = rt.stream_sync(reinterpret_cast<void*>(s));
+    }
+    rt_call(rt, rc, "stream sync");
+  });
+  m.def("_begin_capture", [rt_call](ftg::Runtime& rt, uintptr_t s) { rt_call(rt, rt.begin_capture(reinterpret_cast<void*>(s)), "begin capture"); });
+  m.def("_end_capture_instantiate", [rt_call](ftg::Runtime& rt, uintptr_t s) {
+    void *g = nullptr, *e = nullptr;
+    rt_call(rt, rt.end_capture(reinterpret_cast<void*>(s), &g), "end capture");
+    rt_call(rt, rt.instantiate(&e, g), "graph instantiate");
+    rt.graph_destroy(g);
+    return reinterpret_cast<uintptr_t>(e);
+  });
+  m.def("_graph_launch", [rt_call](ftg::Runtime& rt, uintptr_t e, uintptr_t s) {
+    int rc;
+    {
+      py::gil_scoped_release nogil;
+      rc = rt.graph_launch(reinterpret_cast<void*>(e), reinterpret_cast<void*>(s));
+    }
+    rt_call(rt, rc, "graph launch");
+  });
+  m.def("_graph_exec_destroy", [](ftg::Runtime& rt, uintptr_t e) { rt.exec_destroy(reinterpret_cast<void*>(e)); });
+
+  py::class_<ftg::Bridge>(m, "_Bridge")
+      .def(py::init([](ftg::Runtime& rt, py::object capsule, int device, int max_tokens, int hidden, int top_k,
+                       const std::string& handshake, int timeout_ms) {
+             const ft_moe_executor_abi* abi = abi_from_capsule(capsule);
+             if (hidden != abi->hidden || top_k != abi->top_k || max_tokens < 1 || max_tokens > abi->max_tokens) {
+               throw py::value_error("hidden/top_k must equal the executor's (" + std::to_string(abi->hidden) + ", " +
+                                     std::to_string(abi->top_k) + ") and max_tokens be in [1, " +
+                                     std::to_string(abi->max_tokens) + "]");
+             }
+             if (timeout_ms < 1) throw py::value_error("timeout_ms must be >= 1");
+             return new ftg::Bridge(rt, abi, device, max_tokens, hidden, top_k, handshake,
+                                    std::chrono::milliseconds(timeout_ms));
+           }),
+           py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
+      .def_property_readonly("handshake", [](ftg::Bridge& b) { return std::string(ftg::handshake_name(b.handshake())); })
+      .def_property_readonly("detail", &ftg::Bridge::detail)
+      .def_property_readonly("served", [](ftg::Bridge& b) { return b.coordinator().served(); })
+      .def_property_readonly("poisoned", [](ftg::Bridge& b) { return b.coordinator().poisoned(); })
+      .def("take_error", [](ftg::Bridge& b) { return b.coordinator().take_error(); })
+      .def("submit",
+           [](ftg::Bridge& b, uintptr_t stream, uint32_t layer, uintptr_t x, uintptr_t ids, uintptr_t w, uint32_t n) {
+             b.submit(reinterpret_cast<void*>(stream), layer, reinterpret_cast<const void*>(x),
+                      reinterpret_cast<const void*>(ids), reinterpret_cast<const void*>(w), n);
+           })
+      .def("wait", [](ftg::Bridge& b, uintptr_t stream, uintptr_t out, bool accumulate) {
+        b.wait(reinterpret_cast<void*>(stream), reinterpret_cast<void*>(out), accumulate);
+      });
+
   m.def(
       "check_host_func_allowed",
       [](const std::string& backend, uintptr_t stream) {

@@ -45,6 +45,12 @@ struct Runtime::Fns {
   int (*cuGraphExecDestroy)(void*);
   int (*cuGetErrorString)(int, const char**);
   int (*cuStreamIsCapturing)(void*, int*);
+  int (*cuModuleLoadData)(void**, const void*);
+  int (*cuModuleGetFunction)(void**, void*, const char*);
+  int (*cuLaunchKernel)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**,
+                        void**);
+  int (*cuMemcpyDtoHAsync)(void*, uint64_t, size_t, void*);
+  int (*cuMemcpyHtoDAsync)(uint64_t, const void*, size_t, void*);
   // HIP runtime
   int (*hipInit)(unsigned);
   int (*hipSetDevice)(int);
@@ -67,6 +73,12 @@ struct Runtime::Fns {
   int (*hipPeekAtLastError)();
   const char* (*hipGetErrorString)(int);
   int (*hipStreamIsCapturing)(void*, int*);
+  int (*hipModuleLoadData)(void**, const void*);
+  int (*hipModuleGetFunction)(void**, void*, const char*);
+  int (*hipModuleLaunchKernel)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
+                               void**, void**);
+  int (*hipMemcpyDtoHAsync)(void*, const void*, size_t, void*);
+  int (*hipMemcpyHtoDAsync)(void*, const void*, size_t, void*);
 };
 
 void* Runtime::sym(const char* name, bool required) {
@@ -111,6 +123,11 @@ Runtime::Runtime(Backend backend) : backend_(backend), f_(new Fns{}) {
     FT_SYM(cuGraphExecDestroy, "cuGraphExecDestroy");
     FT_SYM(cuGetErrorString, "cuGetErrorString");
     FT_SYM(cuStreamIsCapturing, "cuStreamIsCapturing");
+    FT_SYM(cuModuleLoadData, "cuModuleLoadData");
+    FT_SYM(cuModuleGetFunction, "cuModuleGetFunction");
+    FT_SYM(cuLaunchKernel, "cuLaunchKernel");
+    FT_SYM(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
+    FT_SYM(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
   } else {
     FT_SYM(hipInit, "hipInit");
     FT_SYM(hipSetDevice, "hipSetDevice");
@@ -133,6 +150,11 @@ Runtime::Runtime(Backend backend) : backend_(backend), f_(new Fns{}) {
     FT_SYM(hipPeekAtLastError, "hipPeekAtLastError");
     FT_SYM(hipGetErrorString, "hipGetErrorString");
     FT_SYM(hipStreamIsCapturing, "hipStreamIsCapturing");
+    FT_SYM(hipModuleLoadData, "hipModuleLoadData");
+    FT_SYM(hipModuleGetFunction, "hipModuleGetFunction");
+    FT_SYM(hipModuleLaunchKernel, "hipModuleLaunchKernel");
+    FT_SYM(hipMemcpyDtoHAsync, "hipMemcpyDtoHAsync");
+    FT_SYM(hipMemcpyHtoDAsync, "hipMemcpyHtoDAsync");
   }
 }
 #undef FT_SYM
@@ -199,6 +221,24 @@ int Runtime::is_capturing(void* s, bool* capturing) {
   const int rc = backend_ == Backend::cuda ? f_->cuStreamIsCapturing(s, &status) : f_->hipStreamIsCapturing(s, &status);
   *capturing = status != 0;
   return rc;
+}
+int Runtime::module_load(void** m, const void* image) {
+  FT_CALL(f_->cuModuleLoadData(m, image), f_->hipModuleLoadData(m, image));
+}
+int Runtime::module_function(void** fn, void* m, const char* name) {
+  FT_CALL(f_->cuModuleGetFunction(fn, m, name), f_->hipModuleGetFunction(fn, m, name));
+}
+int Runtime::launch(void* fn, unsigned grid, unsigned block, void* s, void** args) {
+  FT_CALL(f_->cuLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, s, args, nullptr),
+          f_->hipModuleLaunchKernel(fn, grid, 1, 1, block, 1, 1, 0, s, args, nullptr));
+}
+int Runtime::copy_d2h_async(void* host, const void* dev, size_t bytes, void* s) {
+  FT_CALL(f_->cuMemcpyDtoHAsync(host, reinterpret_cast<uintptr_t>(dev), bytes, s),
+          f_->hipMemcpyDtoHAsync(host, dev, bytes, s));
+}
+int Runtime::copy_h2d_async(void* dev, const void* host, size_t bytes, void* s) {
+  FT_CALL(f_->cuMemcpyHtoDAsync(reinterpret_cast<uintptr_t>(dev), host, bytes, s),
+          f_->hipMemcpyHtoDAsync(dev, host, bytes, s));
 }
 int Runtime::begin_capture(void* s) {
   FT_CALL(f_->cuStreamBeginCapture(s, k::kCuCaptureModeRelaxed), f_->hipStreamBeginCapture(s, k::kHipCaptureModeRelaxed));

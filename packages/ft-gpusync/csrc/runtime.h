@@ -39,6 +39,12 @@ class Runtime {
   int wait_value64_geq(void* stream, void* device_ptr, uint64_t value);
   int launch_host_func(void* stream, void (*fn)(void*), void* data);
   int is_capturing(void* stream, bool* capturing);
+  // Device code: a CUDA fatbin or a HIP code object, and launches of its kernels.
+  int module_load(void** module, const void* image);
+  int module_function(void** fn, void* module, const char* name);
+  int launch(void* fn, unsigned grid, unsigned block, void* stream, void** args);
+  int copy_d2h_async(void* host, const void* device, size_t bytes, void* stream);
+  int copy_h2d_async(void* device, const void* host, size_t bytes, void* stream);
   int begin_capture(void* stream);
   int end_capture(void* stream, void** graph);
   int instantiate(void** exec, void* graph);

@@ -56,3 +56,13 @@ int cuGraphLaunch(void* e, void* s) {
 int cuGraphDestroy(void* g) { free(g); return 0; }
 int cuGraphExecDestroy(void* e) { free(e); return 0; }
 int cuGetErrorString(int code, const char** s) { (void)code; *s = "fake CUDA error"; return 0; }
+int cuModuleLoadData(void** m, const void* image) { (void)image; CALL(cuModuleLoadData); *m = (void*)1; return 0; }
+int cuModuleGetFunction(void** f, void* m, const char* n) { (void)m; (void)n; CALL(cuModuleGetFunction); *f = (void*)1; return 0; }
+int cuLaunchKernel(void* f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e, unsigned g, unsigned h, void* s,
+                   void** p, void** x) {
+  (void)f; (void)a; (void)b; (void)c; (void)d; (void)e; (void)g; (void)h; (void)s; (void)p; (void)x;
+  CALL(cuLaunchKernel);
+  return FAKE_NO_KERNEL_IMAGE;
+}
+int cuMemcpyDtoHAsync_v2(void* h, uint64_t d, size_t n, void* s) { CALL(cuMemcpyDtoHAsync); return fake_copy(s, h, (void*)(uintptr_t)d, n); }
+int cuMemcpyHtoDAsync_v2(uint64_t d, const void* h, size_t n, void* s) { CALL(cuMemcpyHtoDAsync); return fake_copy(s, (void*)(uintptr_t)d, h, n); }

@@ -68,3 +68,14 @@ const char* hipGetErrorString(int code) { (void)code; return "fake HIP error"; }
 /* Test hooks: read the sticky error without touching it, reset the fake. */
 int fake_hip_sticky(void) { return sticky(); }
 void fake_hip_reset(void) { last_error = -1; }
+int hipModuleLoadData(void** m, const void* image) { (void)image; CALL(hipModuleLoadData); *m = (void*)1; return 0; }
+int hipModuleGetFunction(void** f, void* m, const char* n) { (void)m; (void)n; CALL(hipModuleGetFunction); *f = (void*)1; return 0; }
+int hipModuleLaunchKernel(void* f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e, unsigned g, unsigned h,
+                          void* s, void** p, void** x) {
+  (void)f; (void)a; (void)b; (void)c; (void)d; (void)e; (void)g; (void)h; (void)s; (void)p; (void)x;
+  CALL(hipModuleLaunchKernel);
+  last_error = FAKE_NO_KERNEL_IMAGE;
+  return FAKE_NO_KERNEL_IMAGE;
+}
+int hipMemcpyDtoHAsync(void* h, const void* d, size_t n, void* s) { CALL(hipMemcpyDtoHAsync); return fake_copy(s, h, d, n); }
+int hipMemcpyHtoDAsync(void* d, const void* h, size_t n, void* s) { CALL(hipMemcpyHtoDAsync); return fake_copy(s, d, h, n); }

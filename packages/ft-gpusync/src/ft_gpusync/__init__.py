@@ -5,11 +5,26 @@ waits on, one IO block per bridge, and a coordinator thread that calls the ft_ke
 through its C ABI without the GIL. Stream handles and device pointers are plain integers; this package
 never imports torch.
 
-Today: the CPU side (``Coordinator``: IO block, coordinator thread, watchdog). The GPU handshakes
-(kernel, memop, host-func) and their probes come next (issue #4).
+``Bridge``: the handshake on a stream (kernel, memop or host-func, probed at start);
+``Coordinator``: its CPU side alone (IO block, coordinator thread, watchdog); ``runtime_status`` and
+``probe_memop_graph``: what the GPU runtime here can do.
 """
 
+from ft_gpusync._bridge import HANDSHAKES, Bridge
 from ft_gpusync._coordinator import Coordinator, CoordinatorError
+from ft_gpusync._coordinator import _native as _native_module
 
-__all__ = ["Coordinator", "CoordinatorError"]
+PendingGpuError = _native_module.PendingGpuError
+runtime_status = _native_module.runtime_status
+probe_memop_graph = _native_module.probe_memop_graph
+
+__all__ = [
+    "HANDSHAKES",
+    "Bridge",
+    "Coordinator",
+    "CoordinatorError",
+    "PendingGpuError",
+    "probe_memop_graph",
+    "runtime_status",
+]
 __version__ = "0.1.0"
