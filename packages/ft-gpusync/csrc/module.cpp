@@ -184,6 +184,22 @@ PYBIND11_MODULE(_ft_gpusync, m) {
     }
     rt_call(rt, rc, "graph launch");
   });
+  m.def("_host_alloc_mapped", [rt_call](ftg::Runtime& rt, int device, size_t bytes) {
+    void *h = nullptr, *d = nullptr;
+    rt_call(rt, rt.init(device), "init");
+    rt_call(rt, rt.host_alloc_mapped(&h, bytes), "mapped host alloc");
+    std::memset(h, 0, bytes);
+    rt_call(rt, rt.device_pointer(&d, h), "device pointer");
+    return std::make_pair(reinterpret_cast<uintptr_t>(h), reinterpret_cast<uintptr_t>(d));
+  });
+  // One 64-bit stream write of `word` followed by a wait for it: the floor of a handshake's cost.
+  m.def("_stream_write_wait", [rt_call](ftg::Runtime& rt, uintptr_t s, uintptr_t dev_word, uint64_t value) {
+    void* st = reinterpret_cast<void*>(s);
+    void* w = reinterpret_cast<void*>(dev_word);
+    rt_call(rt, rt.write_value64(st, w, value), "stream write value");
+    rt_call(rt, rt.wait_value64_geq(st, w, value), "stream wait value");
+  });
+  m.def("_host_free", [](ftg::Runtime& rt, uintptr_t h) { rt.host_free(reinterpret_cast<void*>(h)); });
   m.def("_graph_exec_destroy", [](ftg::Runtime& rt, uintptr_t e) { rt.exec_destroy(reinterpret_cast<void*>(e)); });
 
   py::class_<ftg::Bridge>(m, "_Bridge")

@@ -1,0 +1,152 @@
+"""Round-trip latency of the bridge handshakes, per layer, eager and in graph replay.
+
+    python -m ft_gpusync.bench [--backend cuda] [--layers 48] [--json]
+
+For each handshake the probes allow, a chain of `--layers` submit + wait pairs is enqueued (eager) or
+captured once and replayed (graph), for an empty CPU task (no route on the CPU) and a one-route task
+(one tiny expert). The floor printed next to them is the same chain made of the stream operations
+alone (a write of the done word and a wait on it, no CPU involved), measured in the same run.
+No torch: buffers are pinned host memory mapped for the GPU, streams and graphs come from the runtime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import ft_kernels_cpu as fk
+from ft_gpusync import Bridge
+from ft_gpusync._coordinator import _native
+
+HIDDEN, TOP_K, INTER = 2048, 8, 64
+
+
+def _executor(layers: int) -> fk.MoeExecutor:
+    rng = np.random.default_rng(0)
+    ex = fk.MoeExecutor(hidden=HIDDEN, top_k=TOP_K, max_tokens=1, num_threads=2)
+    w13 = (rng.standard_normal((1, 2 * INTER, HIDDEN)) * 0.02).astype(np.float32).view(np.uint32) >> 16
+    w2 = (rng.standard_normal((1, HIDDEN, INTER)) * 0.02).astype(np.float32).view(np.uint32) >> 16
+    banks = {"w13": w13.astype(np.uint16), "w2": w2.astype(np.uint16)}
+    for layer in range(layers):
+        ex.add_layer(layer, "bf16", num_experts=1, intermediate=INTER, banks=banks)
+    return ex
+
+
+def _time(run, sync, reps: int) -> float:
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        run()
+        sync()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def bench(backend: str, device: int, layers: int, reps: int, log) -> list[dict]:
+    rt = _native._Runtime(backend)
+    if not rt.available:
+        raise SystemExit(f"no {backend} runtime: {rt.reason}")
+    ex = _executor(layers)
+    stream = _native._stream_create(rt, device)
+    sync = lambda: _native._stream_sync(rt, stream)  # noqa: E731
+    # Inputs and outputs in mapped pinned memory: [x | ids | weights | out].
+    x_bytes, r_bytes = HIDDEN * 2, TOP_K * 4
+    host, dev = _native._host_alloc_mapped(rt, device, x_bytes + 2 * r_bytes + x_bytes + 64)
+    buf = np.frombuffer(
+        (np.ctypeslib.ctypes.c_uint8 * (x_bytes * 2 + 2 * r_bytes)).from_address(host), np.uint8
+    )
+    ids = buf[x_bytes : x_bytes + r_bytes].view(np.int32)
+    buf[x_bytes + r_bytes : x_bytes + 2 * r_bytes].view(np.float32)[:] = 1.0
+    d_x, d_ids, d_w, d_out = dev, dev + x_bytes, dev + x_bytes + r_bytes, dev + x_bytes + 2 * r_bytes
+
+    # The floor: per layer, a stream write of a mapped word and a wait on it, nothing else.
+    word_host, word_dev = _native._host_alloc_mapped(rt, device, 64)
+
+    def floor_chain():
+        for _ in range(layers):
+            _native._stream_write_wait(rt, stream, word_dev, 1)
+
+    _native._begin_capture(rt, stream)
+    floor_chain()
+    floor_graph = _native._end_capture_instantiate(rt, stream)
+    floor = {
+        "eager": _time(floor_chain, sync, reps) / layers * 1e6,
+        "graph": _time(lambda: _native._graph_launch(rt, floor_graph, stream), sync, reps) / layers * 1e6,
+    }
+    log(
+        f"  floor (write+wait only): eager {floor['eager']:.2f} us/layer, graph {floor['graph']:.2f} us/layer"
+    )
+
+    results = []
+    for hs in ("kernel", "memop", "host-func"):
+        try:
+            b = Bridge(
+                ex, backend=backend, device=device, max_tokens=1, hidden=HIDDEN, top_k=TOP_K, handshake=hs
+            )
+        except RuntimeError as e:
+            log(f"# {hs}: unavailable ({e})")
+            continue
+
+        def chain(b=b):
+            for layer in range(layers):
+                b.submit(stream, layer, d_x, d_ids, d_w, 1)
+                b.wait(stream, d_out, False)
+
+        graph = None
+        if hs != "host-func" or backend == "cuda":
+            _native._begin_capture(rt, stream)
+            chain()
+            graph = _native._end_capture_instantiate(rt, stream)
+        for case, route in (("empty", -1), ("one-route", 0)):
+            ids[:] = -1
+            ids[0] = route
+            chain()
+            sync()
+            modes = [("eager", chain)]
+            if graph is not None:
+                modes.append(("graph", lambda g=graph: _native._graph_launch(rt, g, stream)))
+            for mode, run in modes:
+                us = _time(run, sync, reps) / layers * 1e6
+                results.append(
+                    {"bench": "ft_gpusync", "backend": backend, "handshake": hs, "mode": mode, "case": case,
+                     "layers": layers, "us_per_layer": round(us, 2), "floor_us": round(floor[mode], 2),
+                     "ratio": round(us / floor[mode], 2)}
+                )  # fmt: skip
+                log(
+                    f"  {hs:<9} {mode:<5} {case:<9} {us:8.2f} us/layer  (floor {floor[mode]:.2f}, x{us / floor[mode]:.1f})"
+                )
+        b.check()
+        if graph is not None:
+            _native._graph_exec_destroy(rt, graph)
+    _native._graph_exec_destroy(rt, floor_graph)
+    _native._host_free(rt, word_host)
+    _native._host_free(rt, host)
+    _native._stream_destroy(rt, stream)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ft_gpusync.bench", description=__doc__.split("\n")[0])
+    p.add_argument("--backend", default="cuda", choices=("cuda", "hip"))
+    p.add_argument("--device", type=int, default=0)
+    p.add_argument("--layers", type=int, default=48, help="layers per chain (default 48, Qwen3-30B-A3B)")
+    p.add_argument("--reps", type=int, default=20, help="timed chains per figure (median)")
+    p.add_argument("--json", action="store_true", help="end with one JSON line per figure")
+    a = p.parse_args(argv)
+    if a.layers < 1 or a.reps < 1:
+        p.error("--layers and --reps must be >= 1")
+    log = lambda s: print(s, file=sys.stderr if a.json else sys.stdout, flush=True)  # noqa: E731
+    results = bench(a.backend, a.device, a.layers, a.reps, log)
+    if a.json:
+        for r in results:
+            print(json.dumps(r), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
