@@ -118,7 +118,8 @@ def bench(backend: str, device: int, layers: int, reps: int, log) -> list[dict]:
                      "ratio": round(us / floor[mode], 2)}
                 )  # fmt: skip
                 log(
-                    f"  {hs:<9} {mode:<5} {case:<9} {us:8.2f} us/layer  (floor {floor[mode]:.2f}, x{us / floor[mode]:.1f})"
+                    f"  {hs:<9} {mode:<5} {case:<9} {us:8.2f} us/layer"
+                    f"  (floor {floor[mode]:.2f}, x{us / floor[mode]:.1f})"
                 )
         b.check()
         if graph is not None:
