@@ -76,11 +76,16 @@ def test_eager_submit_and_wait(fake, handshake: str) -> None:
 
 
 @both
-def test_captured_graph_replays_with_fresh_inputs(fake) -> None:
+@pytest.mark.parametrize("nodes", [False, True], ids=["stream-memops", "explicit-nodes"])
+def test_captured_graph_replays_with_fresh_inputs(fake, monkeypatch, nodes: bool) -> None:
     backend, _ = fake
+    if nodes:  # a runtime that does not record stream memops under capture (ROCm 7.x)
+        monkeypatch.setenv("FT_FAKE_NO_CAPTURED_MEMOPS", "1")
     rng = np.random.default_rng(2)
     ex = executor(rng)
-    b = Bridge(ex, backend=backend, max_tokens=MAX_T, hidden=H, top_k=TOP_K, handshake="memop")
+    b = Bridge(ex, backend=backend, max_tokens=MAX_T, hidden=H, top_k=TOP_K)
+    assert b.handshake == "memop"
+    assert ("explicit batch-memop nodes: 64-bit" in b.detail) == nodes, b.detail
     rt = native._Runtime(backend)
     stream = native._stream_create(rt, 0)
     T = 3

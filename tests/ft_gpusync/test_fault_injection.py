@@ -113,3 +113,36 @@ def test_host_func_under_capture_is_refused_where_replay_is_unsafe(
 def test_unknown_backend() -> None:
     with pytest.raises(ValueError, match="backend='metal' is unknown"):
         native.runtime_status("metal")
+
+
+UPDATE = {"cuda": "cuStreamUpdateCaptureDependencies", "hip": "hipStreamUpdateCaptureDependencies"}
+
+
+@both
+def test_memops_not_recorded_under_capture_fall_back_to_explicit_nodes(fake, monkeypatch) -> None:
+    backend, hip = fake
+    monkeypatch.setenv("FT_FAKE_NO_CAPTURED_MEMOPS", "1")
+    r = native.probe_memop_graph(backend)
+    assert not r["supported"] and re.search(
+        "stream write value failed.*error 900.* under capture", r["detail"]
+    )
+    assert hip.fake_hip_sticky() == 0
+    assert native.probe_memop_node_graph(backend) == {
+        "supported": True,
+        "detail": "64-bit write/wait batch-memop nodes captured and replayed",
+    }
+
+
+@both
+def test_a_failed_dependency_update_destroys_its_node_and_returns_the_original_error(
+    fake, fake_libs, monkeypatch
+) -> None:
+    backend, hip = fake
+    lib = ctypes.CDLL(str(fake_libs[backend]))
+    before = lib.fake_destroyed_nodes()
+    monkeypatch.setenv("FT_FAKE_FAIL", f"{UPDATE[backend]}=77")
+    r = native.probe_memop_node_graph(backend)
+    assert not r["supported"]
+    assert re.search(r"write node failed: \w+ error 77", r["detail"]), r["detail"]
+    assert lib.fake_destroyed_nodes() == before + 1  # the node added before the failed update is gone
+    assert hip.fake_hip_sticky() == 0

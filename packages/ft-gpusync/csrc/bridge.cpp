@@ -139,13 +139,20 @@ Bridge::Bridge(Runtime& rt, const ft_moe_executor_abi* abi, int device, int max_
     detail_ = "kernel-IO probe: " + kp.detail;
   } else if (handshake == "memop" || handshake == "auto") {
     const ProbeResult mp = probe_memop_graph(rt, device);
-    if (handshake == "memop" || mp.supported) {
+    ProbeResult np;
+    if (!mp.supported) np = probe_memop_node_graph(rt, device);
+    const std::string why = handshake == "auto" ? "kernel-IO probe failed (" + kp.detail + "); " : std::string();
+    if (mp.supported) {
       hs_ = Handshake::memop;
-      detail_ = (handshake == "auto" ? "kernel-IO probe failed (" + kp.detail + "); " : std::string()) +
-                "memop graph probe: " + mp.detail;
+      detail_ = why + "memop graph probe: " + mp.detail;
+    } else if (np.supported || handshake == "memop") {
+      hs_ = Handshake::memop;
+      memop_nodes_ = np.supported;
+      detail_ = why + "stream memops under capture failed (" + mp.detail + "); explicit batch-memop nodes: " +
+                (np.supported ? np.detail : "failed (" + np.detail + "): graphs will not capture this handshake");
     } else {
       hs_ = Handshake::host_func;
-      detail_ = "kernel-IO probe failed (" + kp.detail + "); memop graph probe failed (" + mp.detail + ")";
+      detail_ = why + "memop graph probe failed (" + mp.detail + "); memop node probe failed (" + np.detail + ")";
     }
   } else {
     hs_ = Handshake::host_func;
@@ -161,6 +168,16 @@ Bridge::~Bridge() {
 
 void Bridge::check(int rc, const char* what) {
   if (rc) throw std::runtime_error(failed(rt_, what, rc));
+}
+
+int Bridge::memop(void* stream, bool write, uint8_t* dptr, uint64_t value) {
+  if (memop_nodes_) {
+    bool capturing = false;
+    const int rc = rt_.is_capturing(stream, &capturing);
+    if (rc) return rc;
+    if (capturing) return rt_.capture_memop_node(stream, write, dptr, value);
+  }
+  return write ? rt_.write_value64(stream, dptr, value) : rt_.wait_value64_geq(stream, dptr, value);
 }
 
 void Bridge::submit(void* stream, uint32_t layer, const void* x, const void* ids, const void* w, uint32_t tokens) {
@@ -179,8 +196,8 @@ void Bridge::submit(void* stream, uint32_t layer, const void* x, const void* ids
   check(rt_.copy_d2h_async(host_ + layout_.weights, w, size_t(tokens) * top_k_ * 4, stream), "weights copy");
   const uint64_t word = doorbell_word(layer, tokens);
   if (hs_ == Handshake::memop) {
-    check(rt_.write_value64(stream, dev_ + layout_.done, 0), "done reset");
-    check(rt_.write_value64(stream, dev_ + layout_.doorbell, word), "doorbell write");
+    check(memop(stream, true, dev_ + layout_.done, 0), "done reset");
+    check(memop(stream, true, dev_ + layout_.doorbell, word), "doorbell write");
     return;
   }
   auto& t = host_tasks_[word];
@@ -198,7 +215,7 @@ void Bridge::wait(void* stream, void* out, bool accumulate) {
     if (!t) t = std::make_unique<HostFuncTask>(HostFuncTask{this, 0});
     check(rt_.launch_host_func(stream, &host_wait, t.get()), "host-func wait");
   } else {
-    check(rt_.wait_value64_geq(stream, dev_ + layout_.done, 1), "done wait");
+    check(memop(stream, false, dev_ + layout_.done, 1), "done wait");
   }
   if (kio_ok_) {
     check(launch_combine(rt_, kio_, stream, out, dev_, layout_, static_cast<uint32_t>(count), accumulate), "combine launch");

@@ -51,6 +51,7 @@ class Bridge {
 
  private:
   void check(int rc, const char* what);
+  int memop(void* stream, bool write, uint8_t* dptr, uint64_t value);
   Runtime& rt_;
   int hidden_, top_k_, max_tokens_;
   IoLayout layout_;
@@ -60,6 +61,7 @@ class Bridge {
   KernelIo kio_;
   bool kio_ok_ = false;
   Handshake hs_ = Handshake::memop;
+  bool memop_nodes_ = false;  // under capture, append explicit batch-memop nodes (native memops not recorded)
   std::string detail_;
   uint32_t pending_tokens_ = 0;
   std::map<uint64_t, std::unique_ptr<HostFuncTask>> host_tasks_;  // one per (layer, tokens) word

@@ -231,6 +231,21 @@ PYBIND11_MODULE(_ft_gpusync, m) {
       });
 
   m.def(
+      "probe_memop_node_graph",
+      [](const std::string& backend, int device) {
+        ftg::Runtime rt(parse_backend(backend));
+        ftg::ProbeResult r;
+        {
+          py::gil_scoped_release nogil;
+          r = ftg::probe_memop_node_graph(rt, device);
+        }
+        py::dict d;
+        d["supported"] = r.supported;
+        d["detail"] = r.detail;
+        return d;
+      },
+      py::arg("backend"), py::arg("device") = 0);
+  m.def(
       "check_host_func_allowed",
       [](const std::string& backend, uintptr_t stream) {
         ftg::Runtime rt(parse_backend(backend));

@@ -21,9 +21,14 @@ std::string failed(Runtime& rt, const char* call, int rc) { return std::string(c
 
 }  // namespace
 
-ProbeResult probe_memop_graph(Runtime& rt, int device) {
+static ProbeResult probe_memop_capture(Runtime& rt, int device, bool nodes);
+
+ProbeResult probe_memop_graph(Runtime& rt, int device) { return probe_memop_capture(rt, device, false); }
+ProbeResult probe_memop_node_graph(Runtime& rt, int device) { return probe_memop_capture(rt, device, true); }
+
+static ProbeResult probe_memop_capture(Runtime& rt, int device, bool nodes) {
   if (!rt.available()) return {false, rt.reason()};
-  ErrorScope scope(rt, "memop graph");
+  ErrorScope scope(rt, nodes ? "memop node graph" : "memop graph");
   ProbeResult r;
   void *stream = nullptr, *host = nullptr, *dev = nullptr, *graph = nullptr, *exec = nullptr;
   int rc = rt.init(device);
@@ -40,11 +45,11 @@ ProbeResult probe_memop_graph(Runtime& rt, int device) {
   } else if ((rc = rt.begin_capture(stream))) {
     r.detail = failed(rt, "begin capture", rc);
   } else {
-    int op = rt.write_value64(stream, dev, 7);
-    const char* what = "stream write value";
+    int op = nodes ? rt.capture_memop_node(stream, true, dev, 7) : rt.write_value64(stream, dev, 7);
+    const char* what = nodes ? "write node" : "stream write value";
     if (!op) {
-      op = rt.wait_value64_geq(stream, dev, 7);
-      what = "stream wait value";
+      op = nodes ? rt.capture_memop_node(stream, false, dev, 7) : rt.wait_value64_geq(stream, dev, 7);
+      what = nodes ? "wait node" : "stream wait value";
     }
     // Always end the capture, also after a failed operation: the stream must leave capture mode.
     const int end = rt.end_capture(stream, &graph);
@@ -60,7 +65,8 @@ ProbeResult probe_memop_graph(Runtime& rt, int device) {
       r.detail = "graph replay ran but the word reads " + std::to_string(word->load()) + ", not 7";
     } else {
       r.supported = true;
-      r.detail = "64-bit stream write/wait captured and replayed";
+      r.detail = nodes ? "64-bit write/wait batch-memop nodes captured and replayed"
+                       : "64-bit stream write/wait captured and replayed";
     }
   }
   if (exec) rt.exec_destroy(exec);

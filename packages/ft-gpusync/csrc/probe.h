@@ -38,6 +38,10 @@ struct ProbeResult {
 // the word: the memop handshake works in graph replay.
 ProbeResult probe_memop_graph(Runtime& rt, int device);
 
+// The same through explicit batch-memop nodes appended to the capture (for runtimes that do not
+// record stream memops under capture, e.g. ROCm 7.x).
+ProbeResult probe_memop_node_graph(Runtime& rt, int device);
+
 // Whether host-function nodes are replay-safe: yes on CUDA, no on ROCm.
 ProbeResult host_func_replay_safe(Backend backend);
 

@@ -51,6 +51,10 @@ struct Runtime::Fns {
                         void**);
   int (*cuMemcpyDtoHAsync)(void*, uint64_t, size_t, void*);
   int (*cuMemcpyHtoDAsync)(uint64_t, const void*, size_t, void*);
+  int (*cuStreamGetCaptureInfo)(void*, int*, uint64_t*, void**, const void**, const void**, size_t*);
+  int (*cuGraphAddBatchMemOpNode)(void**, void*, const void*, size_t, const void*);
+  int (*cuStreamUpdateCaptureDependencies)(void*, void**, const void*, size_t, unsigned);
+  int (*cuGraphDestroyNode)(void*);
   // HIP runtime
   int (*hipInit)(unsigned);
   int (*hipSetDevice)(int);
@@ -79,6 +83,28 @@ struct Runtime::Fns {
                                void**, void**);
   int (*hipMemcpyDtoHAsync)(void*, const void*, size_t, void*);
   int (*hipMemcpyHtoDAsync)(void*, const void*, size_t, void*);
+  int (*hipStreamGetCaptureInfo_v2)(void*, int*, uint64_t*, void**, const void**, size_t*);
+  int (*hipGraphAddBatchMemOpNode)(void**, void*, const void*, size_t, const void*);
+  int (*hipStreamUpdateCaptureDependencies)(void*, void**, size_t, unsigned);
+  int (*hipGraphDestroyNode)(void*);
+};
+
+// Batch memop parameters: the same layout in both runtimes (CUstreamBatchMemOpParams_v1 /
+// hipStreamBatchMemOpParams, 48 bytes; CUDA_BATCH_MEM_OP_NODE_PARAMS_v1 / hipBatchMemOpNodeParams).
+struct MemOpParams {
+  uint32_t operation;  // 4: wait value 64, 5: write value 64
+  uint64_t address;
+  uint64_t value64;
+  uint32_t flags;      // wait: 0 = greater or equal
+  uint64_t alias;
+  uint64_t pad[1];  // the union is 6 x 64 bits
+};
+static_assert(sizeof(MemOpParams) == 48, "batch memop params are 48 bytes");
+struct MemOpNodeParams {
+  void* ctx;
+  unsigned count;
+  MemOpParams* params;
+  unsigned flags;
 };
 
 void* Runtime::sym(const char* name, bool required) {
@@ -128,6 +154,10 @@ Runtime::Runtime(Backend backend) : backend_(backend), f_(new Fns{}) {
     FT_SYM(cuLaunchKernel, "cuLaunchKernel");
     FT_SYM(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
     FT_SYM(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
+    FT_SYM_OPT(cuStreamGetCaptureInfo, "cuStreamGetCaptureInfo_v3");
+    FT_SYM_OPT(cuGraphAddBatchMemOpNode, "cuGraphAddBatchMemOpNode");
+    FT_SYM_OPT(cuStreamUpdateCaptureDependencies, "cuStreamUpdateCaptureDependencies_v2");
+    FT_SYM_OPT(cuGraphDestroyNode, "cuGraphDestroyNode");
   } else {
     FT_SYM(hipInit, "hipInit");
     FT_SYM(hipSetDevice, "hipSetDevice");
@@ -155,6 +185,11 @@ Runtime::Runtime(Backend backend) : backend_(backend), f_(new Fns{}) {
     FT_SYM(hipModuleLaunchKernel, "hipModuleLaunchKernel");
     FT_SYM(hipMemcpyDtoHAsync, "hipMemcpyDtoHAsync");
     FT_SYM(hipMemcpyHtoDAsync, "hipMemcpyHtoDAsync");
+    // Newer ROCm only (absent from the headers and library of ROCm 5.x): looked up, never linked.
+    FT_SYM_OPT(hipStreamGetCaptureInfo_v2, "hipStreamGetCaptureInfo_v2");
+    FT_SYM_OPT(hipGraphAddBatchMemOpNode, "hipGraphAddBatchMemOpNode");
+    FT_SYM_OPT(hipStreamUpdateCaptureDependencies, "hipStreamUpdateCaptureDependencies");
+    FT_SYM_OPT(hipGraphDestroyNode, "hipGraphDestroyNode");
   }
 }
 #undef FT_SYM
@@ -240,6 +275,47 @@ int Runtime::copy_h2d_async(void* dev, const void* host, size_t bytes, void* s) 
   FT_CALL(f_->cuMemcpyHtoDAsync(reinterpret_cast<uintptr_t>(dev), host, bytes, s),
           f_->hipMemcpyHtoDAsync(dev, host, bytes, s));
 }
+int Runtime::capture_memop_node(void* s, bool write, void* dptr, uint64_t value) {
+  if (!available()) return -1;
+  const bool cuda = backend_ == Backend::cuda;
+  if (cuda ? !(f_->cuStreamGetCaptureInfo && f_->cuGraphAddBatchMemOpNode && f_->cuStreamUpdateCaptureDependencies &&
+               f_->cuGraphDestroyNode)
+           : !(f_->hipStreamGetCaptureInfo_v2 && f_->hipGraphAddBatchMemOpNode &&
+               f_->hipStreamUpdateCaptureDependencies && f_->hipGraphDestroyNode)) {
+    return kMissing;
+  }
+  int status = 0;
+  uint64_t id = 0;
+  void* graph = nullptr;
+  const void* deps = nullptr;
+  const void* edges = nullptr;
+  size_t ndeps = 0;
+  int rc = cuda ? f_->cuStreamGetCaptureInfo(s, &status, &id, &graph, &deps, &edges, &ndeps)
+                : f_->hipStreamGetCaptureInfo_v2(s, &status, &id, &graph, &deps, &ndeps);
+  if (rc) return rc;
+  MemOpParams op{};
+  op.operation = write ? 5 : 4;
+  op.address = reinterpret_cast<uintptr_t>(dptr);
+  op.value64 = value;
+  MemOpNodeParams np{nullptr, 1, &op, 0};
+  void* node = nullptr;
+  rc = cuda ? f_->cuGraphAddBatchMemOpNode(&node, graph, deps, ndeps, &np)
+            : f_->hipGraphAddBatchMemOpNode(&node, graph, deps, ndeps, &np);
+  if (rc) return rc;
+  rc = cuda ? f_->cuStreamUpdateCaptureDependencies(s, &node, nullptr, 1, 1)
+            : f_->hipStreamUpdateCaptureDependencies(s, &node, 1, 1);  // 1: set, not add
+  if (rc) {
+    // The node is in the graph but nothing depends on it: remove it, report the update's error.
+    if (cuda) {
+      f_->cuGraphDestroyNode(node);
+    } else {
+      f_->hipGraphDestroyNode(node);
+    }
+    return rc;
+  }
+  return 0;
+}
+
 int Runtime::begin_capture(void* s) {
   FT_CALL(f_->cuStreamBeginCapture(s, k::kCuCaptureModeRelaxed), f_->hipStreamBeginCapture(s, k::kHipCaptureModeRelaxed));
 }

@@ -45,6 +45,10 @@ class Runtime {
   int launch(void* fn, unsigned grid, unsigned block, void* stream, void** args);
   int copy_d2h_async(void* host, const void* device, size_t bytes, void* stream);
   int copy_h2d_async(void* device, const void* host, size_t bytes, void* stream);
+  // Appends a 64-bit write (or a wait for >= value) to the graph being captured on `stream` as an
+  // explicit batch-memop node, for runtimes that do not record stream memops under capture. If making
+  // the node the capture's new dependency fails, the node is destroyed and that error returned.
+  int capture_memop_node(void* stream, bool write, void* device_ptr, uint64_t value);
   int begin_capture(void* stream);
   int end_capture(void* stream, void** graph);
   int instantiate(void** exec, void* graph);

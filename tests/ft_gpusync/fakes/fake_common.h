@@ -40,6 +40,35 @@ static int fake_run(fake_op* op) {
   return 0;
 }
 
+/* Explicit batch-memop nodes: the fake's graph is the capture list of its stream; a node is an op in
+ * it, and destroying a node turns it into a no-op (counted, for the tests). */
+static int destroyed_nodes = 0;
+int fake_destroyed_nodes(void) { return destroyed_nodes; }
+
+/* FT_FAKE_NO_CAPTURED_MEMOPS=1: stream memops refuse capture (like ROCm 7.x, which does not record them). */
+static int memops_refuse_capture(void* s) {
+  const char* v = getenv("FT_FAKE_NO_CAPTURED_MEMOPS");
+  return v && *v == '1' && s && ((fake_stream*)s)->capturing;
+}
+
+typedef struct { uint32_t operation; uint64_t address; uint64_t value64; uint32_t flags; uint64_t alias; uint64_t pad; } fake_memop_params;
+typedef struct { void* ctx; unsigned count; fake_memop_params* params; unsigned flags; } fake_memop_node_params;
+
+static int fake_add_node(void** node, void* graph, const fake_memop_node_params* p) {
+  fake_stream* st = (fake_stream*)graph;
+  if (st->n == MAX_OPS) return 9998;
+  fake_op op = {p->params[0].operation == 5 ? OP_WRITE : OP_WAIT, (uint64_t*)(uintptr_t)p->params[0].address,
+                p->params[0].value64, NULL, NULL, 0};
+  st->ops[st->n] = op;
+  *node = &st->ops[st->n++];
+  return 0;
+}
+
+static void fake_destroy_node(void* node) {
+  ((fake_op*)node)->kind = 0;
+  ++destroyed_nodes;
+}
+
 static int fake_push(void* s, fake_op op) {
   fake_stream* st = (fake_stream*)s;
   if (st && st->capturing) {

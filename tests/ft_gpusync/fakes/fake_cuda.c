@@ -16,11 +16,27 @@ int cuMemHostGetDevicePointer_v2(uint64_t* d, void* h, unsigned f) {
   (void)f; CALL(cuMemHostGetDevicePointer); *d = (uint64_t)(uintptr_t)h; return 0;
 }
 int cuStreamWriteValue64_v2(void* s, uint64_t a, uint64_t v, unsigned f) {
-  (void)f; CALL(cuStreamWriteValue64); return fake_enqueue(s, OP_WRITE, (void*)(uintptr_t)a, v);
+  (void)f; CALL(cuStreamWriteValue64);
+  if (memops_refuse_capture(s)) return 900;
+  return fake_enqueue(s, OP_WRITE, (void*)(uintptr_t)a, v);
 }
 int cuStreamWaitValue64_v2(void* s, uint64_t a, uint64_t v, unsigned f) {
-  (void)f; CALL(cuStreamWaitValue64); return fake_enqueue(s, OP_WAIT, (void*)(uintptr_t)a, v);
+  (void)f; CALL(cuStreamWaitValue64);
+  if (memops_refuse_capture(s)) return 900;
+  return fake_enqueue(s, OP_WAIT, (void*)(uintptr_t)a, v);
 }
+int cuStreamGetCaptureInfo_v3(void* s, int* status, uint64_t* id, void** graph, const void** deps, const void** edges,
+                              size_t* n) {
+  CALL(cuStreamGetCaptureInfo); *status = ((fake_stream*)s)->capturing; *id = 1; *graph = s; *deps = NULL; *edges = NULL;
+  *n = 0; return 0;
+}
+int cuGraphAddBatchMemOpNode(void** node, void* graph, const void* deps, size_t n, const void* params) {
+  (void)deps; (void)n; CALL(cuGraphAddBatchMemOpNode); return fake_add_node(node, graph, (const fake_memop_node_params*)params);
+}
+int cuStreamUpdateCaptureDependencies_v2(void* s, void** nodes, const void* edges, size_t n, unsigned flags) {
+  (void)s; (void)nodes; (void)edges; (void)n; (void)flags; CALL(cuStreamUpdateCaptureDependencies); return 0;
+}
+int cuGraphDestroyNode(void* node) { fake_destroy_node(node); return 0; }
 int cuLaunchHostFunc(void* s, void (*fn)(void*), void* d) { (void)s; CALL(cuLaunchHostFunc); fn(d); return 0; }
 int cuStreamIsCapturing(void* s, int* status) {
   CALL(cuStreamIsCapturing);

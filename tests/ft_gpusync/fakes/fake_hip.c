@@ -23,11 +23,25 @@ int hipHostMalloc(void** p, size_t n, unsigned f) { (void)f; CALL(hipHostMalloc)
 int hipHostFree(void* p) { free(p); return 0; }
 int hipHostGetDevicePointer(void** d, void* h, unsigned f) { (void)f; CALL(hipHostGetDevicePointer); *d = h; return 0; }
 int hipStreamWriteValue64(void* s, void* a, uint64_t v, unsigned f) {
-  (void)f; CALL(hipStreamWriteValue64); return fake_enqueue(s, OP_WRITE, a, v);
+  (void)f; CALL(hipStreamWriteValue64);
+  if (memops_refuse_capture(s)) { last_error = 900; return 900; }
+  return fake_enqueue(s, OP_WRITE, a, v);
 }
 int hipStreamWaitValue64(void* s, void* a, uint64_t v, unsigned f, uint64_t m) {
-  (void)f; (void)m; CALL(hipStreamWaitValue64); return fake_enqueue(s, OP_WAIT, a, v);
+  (void)f; (void)m; CALL(hipStreamWaitValue64);
+  if (memops_refuse_capture(s)) { last_error = 900; return 900; }
+  return fake_enqueue(s, OP_WAIT, a, v);
 }
+int hipStreamGetCaptureInfo_v2(void* s, int* status, uint64_t* id, void** graph, const void** deps, size_t* n) {
+  CALL(hipStreamGetCaptureInfo); *status = ((fake_stream*)s)->capturing; *id = 1; *graph = s; *deps = NULL; *n = 0; return 0;
+}
+int hipGraphAddBatchMemOpNode(void** node, void* graph, const void* deps, size_t n, const void* params) {
+  (void)deps; (void)n; CALL(hipGraphAddBatchMemOpNode); return fake_add_node(node, graph, (const fake_memop_node_params*)params);
+}
+int hipStreamUpdateCaptureDependencies(void* s, void** nodes, size_t n, unsigned flags) {
+  (void)s; (void)nodes; (void)n; (void)flags; CALL(hipStreamUpdateCaptureDependencies); return 0;
+}
+int hipGraphDestroyNode(void* node) { fake_destroy_node(node); return 0; }
 int hipLaunchHostFunc(void* s, void (*fn)(void*), void* d) { (void)s; CALL(hipLaunchHostFunc); fn(d); return 0; }
 int hipStreamIsCapturing(void* s, int* status) {
   CALL(hipStreamIsCapturing);
