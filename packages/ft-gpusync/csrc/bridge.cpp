@@ -35,9 +35,9 @@ int launch_publish(Runtime& rt, const KernelIo& k, void* stream, const void* x, 
 
 int launch_combine(Runtime& rt, const KernelIo& k, void* stream, void* out, uint8_t* dev_block, const IoLayout& l,
                    uint32_t count, bool accumulate) {
-  uint64_t oy = l.y;
+  uint64_t od = l.done, oy = l.y;
   uint32_t acc = accumulate ? 1 : 0;
-  void* args[] = {&out, &dev_block, &oy, &count, &acc};
+  void* args[] = {&out, &dev_block, &od, &oy, &count, &acc};
   const unsigned grid = std::max(1u, std::min(64u, (count + 255) / 256));
   return rt.launch(k.combine, grid, 256, stream, args);
 }
@@ -99,8 +99,13 @@ ProbeResult probe_kernel_io(Runtime& rt, int device, KernelIo* out) {
     if ((rc = launch_publish(rt, k, stream, d + in_off, d + in_off + 128, d + in_off + 192, 3, 1, 64, 1, d, l)) ||
         (rc = launch_combine(rt, k, stream, d + out_off, d, l, 64, true)) || (rc = rt.stream_sync(stream))) {
       r.detail = failed(rt, "kernel-IO launch", rc);
-    } else if (done->load() != 1 || bell->load() != 0) {
-      r.detail = "publish of a step without CPU routes must set done and ring nothing";
+    } else if (done->load() != 2 || bell->load() != 0) {
+      r.detail = "publish of a step without CPU routes must set done = 2 and ring nothing";
+    } else if (o[0] != 0x4000 || o[63] != 0x4000) {  // an empty step adds nothing to 2.0
+      r.detail = "combine after an empty step changed the output";
+    } else if ((done->store(1), rc = launch_combine(rt, k, stream, d + out_off, d, l, 64, true)) ||
+               (rc = rt.stream_sync(stream))) {
+      r.detail = failed(rt, "combine launch", rc);
     } else if (o[0] != 0x4040 || o[63] != 0x4040) {  // 2 + 1 = 3.0
       r.detail = "combine did not add y into the output";
     } else {

@@ -2,7 +2,8 @@
 // (pinned and mapped into the GPU's address space when a GPU backend owns it).
 //
 //   offset 0    doorbell  uint64  {layer:32 (high), num_tokens:32 (low)}; 0 = nothing to do
-//   offset 64   done      uint64  0 while a task is pending, 1 once y holds its result
+//   offset 64   done      uint64  0 while a task is pending, 1 once y holds its result, 2 when the
+//                                 step had no CPU route (kernel handshake: nothing rang, y is stale)
 //   offset 128  x         bf16    [max_tokens, hidden]
 //               ids       int32   [max_tokens, top_k]   (< 0: route not on the CPU)
 //               weights   f32     [max_tokens, top_k]
