@@ -51,7 +51,7 @@ def lint(session: nox.Session) -> None:
 @nox.session(reuse_venv=True)
 def tests(session: nox.Session) -> None:
     """Build and install all five packages, then run pytest on tests/ (posargs go to pytest)."""
-    session.install(*BUILD_DEPS, *RUNTIME_DEPS, *TEST_DEPS)
+    session.install(*dict.fromkeys([*BUILD_DEPS, *RUNTIME_DEPS, *TEST_DEPS]))
     _install_packages(session, PACKAGES)
     session.run("pytest", "tests/", *session.posargs, env={"TRITON_INTERPRET": "1"})
 
