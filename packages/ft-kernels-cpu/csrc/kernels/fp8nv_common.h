@@ -81,6 +81,21 @@ struct Prefetch {
   }
 };
 
+// Calls F<N>(args...) for the number of vectors n in 1..8 (kernels unrolled over the vectors).
+#define FP8NV_DISPATCH_N(n, F, ...)   \
+  switch (n) {                        \
+    case 1: F<1>(__VA_ARGS__); break; \
+    case 2: F<2>(__VA_ARGS__); break; \
+    case 3: F<3>(__VA_ARGS__); break; \
+    case 4: F<4>(__VA_ARGS__); break; \
+    case 5: F<5>(__VA_ARGS__); break; \
+    case 6: F<6>(__VA_ARGS__); break; \
+    case 7: F<7>(__VA_ARGS__); break; \
+    default: F<8>(__VA_ARGS__); break; \
+  }
+
+constexpr int kMaxVectors = 8;  // MoeFormat::kMaxTokensPerCall
+
 #if FT_X86
 
 FT_TARGET_AVX2 inline float hsum8(__m256 v) {
