@@ -118,7 +118,9 @@ def reference(banks, x, ids, w, I, act, on_input=False, **opts):
     return ref, scale, qerr
 
 
-def assert_close_to_reference(y: np.ndarray, ref: np.ndarray, scale: np.ndarray, qerr: np.ndarray, isa: str) -> None:
+def assert_close_to_reference(
+    y: np.ndarray, ref: np.ndarray, scale: np.ndarray, qerr: np.ndarray, isa: str
+) -> None:
     # Each group's e2m1 products are summed exactly (int32 in the int8 path) or in fp32, scaled by the
     # exact e4m3 value, then the row by its f32 global scale: fp32 accumulation error only (K * 2^-24
     # of the magnitude sum, far below 2^-11 here), plus the bf16 rounding of y (<= 2^-9 relative;
