@@ -182,35 +182,47 @@ FT_TARGET_AVX512 void nvfp4_row_avx512(const uint8_t* w, const uint8_t* sc, cons
 // nibbles become 2 * e2m1 + 12 as unsigned bytes; dword lane i of the two dot products sums elements
 // 8i..8i+7 of the chunk against the even and odd int8 x, on top of -12 * (their x sum); lanes 2g and
 // 2g+1 are group g, times its weight scale (a duplicated decode) and its x scale.
+// One chunk: 64 weight bytes b, the scale of each lane's group S (times 2^-8), into acc[j].
+template <int N>
+FT_TARGET_AVX512_BF16 inline void vnni_chunk(__m512i b, __m512 S, const uint8_t* const* xs, int c, __m512* acc) {
+  const __m512i tab = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  const __m512i lo = _mm512_shuffle_epi8(tab, _mm512_and_si512(b, low4));
+  const __m512i hi = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(b, 4), low4));
+  for (int j = 0; j < N; ++j) {
+    const uint8_t* xc = xs[j] + 2 * c;  // 256 bytes per chunk
+    __m512i t = _mm512_dpbusd_epi32(_mm512_loadu_si512(xc + 128), lo, _mm512_loadu_si512(xc));
+    t = _mm512_dpbusd_epi32(t, hi, _mm512_loadu_si512(xc + 64));
+    acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(t), S), _mm512_loadu_ps(xc + 192), acc[j]);
+  }
+}
+
 template <int N>
 FT_TARGET_AVX512_BF16 void nvfp4_row_vnni(const uint8_t* w, const uint8_t* sc, const uint8_t* const* xs, int K,
                                           float* out, int os, const Prefetch& pf) {
-  const __m512i tab = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-  const __m512i low4 = _mm512_set1_epi8(0x0f);
   __m512 acc[N];
   for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
-  for (int c = 0; c < K; c += 128) {
+  int c = 0;
+  // Pairs of chunks: their 16 group scales decoded together, each duplicated into lanes 2g, 2g+1.
+  const __m512i dup_lo = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  const __m512i dup_hi = _mm512_add_epi32(dup_lo, _mm512_set1_epi32(8));
+  for (; c + 256 <= K; c += 256) {
+    const uint8_t* wb = w + c / 2;
+    if (pf.dist) {
+      pf.ahead(wb);
+      pf.ahead(wb + 64);
+    }
+    const __m512 S = fp8nv::e4m3x16_avx512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + c / 16)));
+    vnni_chunk<N>(_mm512_loadu_si512(wb), _mm512_permutexvar_ps(dup_lo, S), xs, c, acc);
+    vnni_chunk<N>(_mm512_loadu_si512(wb + 64), _mm512_permutexvar_ps(dup_hi, S), xs, c + 128, acc);
+  }
+  for (; c < K; c += 128) {  // one more chunk, full or (last) shorter under masks
     const uint8_t* wb = w + c / 2;
     if (pf.dist) pf.ahead(wb);
-    __m512i b;
-    __m128i s8;
-    if (c + 128 <= K) {
-      b = _mm512_loadu_si512(wb);
-      s8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + c / 16));
-    } else {
-      const int L = K - c;
-      b = _mm512_maskz_loadu_epi8((1ull << (L / 2)) - 1, wb);
-      s8 = _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << (L / 16)) - 1u), sc + c / 16);
-    }
-    const __m512i lo = _mm512_shuffle_epi8(tab, _mm512_and_si512(b, low4));
-    const __m512i hi = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(b, 4), low4));
-    const __m512 S = fp8nv::e4m3x16_avx512(_mm_unpacklo_epi8(s8, s8));  // lanes 2g, 2g+1: group g
-    for (int j = 0; j < N; ++j) {
-      const uint8_t* xc = xs[j] + 2 * c;  // 256 bytes per chunk
-      __m512i t = _mm512_dpbusd_epi32(_mm512_load_si512(xc + 128), lo, _mm512_load_si512(xc));
-      t = _mm512_dpbusd_epi32(t, hi, _mm512_load_si512(xc + 64));
-      acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(t), S), _mm512_load_ps(xc + 192), acc[j]);
-    }
+    const int L = std::min(128, K - c);
+    const __m512i b = _mm512_maskz_loadu_epi8(L == 128 ? ~0ull : (1ull << (L / 2)) - 1, wb);
+    const __m128i s8 = _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << (L / 16)) - 1u), sc + c / 16);
+    vnni_chunk<N>(b, fp8nv::e4m3x16_avx512(_mm_unpacklo_epi8(s8, s8)), xs, c, acc);
   }
   // The table holds 2 * e2m1, the scales carry 2^-8: both undone by one power of two.
   for (int j = 0; j < N; ++j) out[j * os] = _mm512_reduce_add_ps(acc[j]) * (0.5f * fp8nv::kE4m3Fp16Unscale);
