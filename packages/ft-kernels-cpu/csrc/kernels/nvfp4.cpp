@@ -177,90 +177,99 @@ FT_TARGET_AVX512 void nvfp4_row_avx512(const uint8_t* w, const uint8_t* sc, cons
   for (int j = 0; j < N; ++j) out[j * os] = _mm512_reduce_add_ps(acc[j]) * fp8nv::kE4m3Fp16Unscale;
 }
 
-// Rows with N int8-quantized vectors (VnniVec layout, see below) and VPDPBUSD. Per chunk of 128
-// elements (64 bytes; a last shorter one under masks, its missing bytes and x zero): the low and high
-// nibbles become 2 * e2m1 + 12 as unsigned bytes; dword lane i of the two dot products sums elements
-// 8i..8i+7 of the chunk against the even and odd int8 x, on top of -12 * (their x sum); lanes 2g and
-// 2g+1 are group g, times its weight scale (a duplicated decode) and its x scale.
-// One chunk: 64 weight bytes b, the scale of each lane's group S (times 2^-8), into acc[j].
-template <int N>
-FT_TARGET_AVX512_BF16 inline void vnni_chunk(__m512i b, __m512 S, const uint8_t* const* xs, int c, __m512* acc) {
-  const __m512i tab = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-  const __m512i low4 = _mm512_set1_epi8(0x0f);
-  const __m512i lo = _mm512_shuffle_epi8(tab, _mm512_and_si512(b, low4));
-  const __m512i hi = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(b, 4), low4));
-  for (int j = 0; j < N; ++j) {
-    const uint8_t* xc = xs[j] + 2 * c;  // 256 bytes per chunk
-    __m512i t = _mm512_dpbusd_epi32(_mm512_loadu_si512(xc + 128), lo, _mm512_loadu_si512(xc));
-    t = _mm512_dpbusd_epi32(t, hi, _mm512_loadu_si512(xc + 64));
-    acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(t), S), _mm512_loadu_ps(xc + 192), acc[j]);
-  }
-}
+#endif  // FT_X86
 
+// The int8 path works on blocks of 256 elements (128 weight bytes, 16 groups). A VNNI dword lane
+// takes 4 bytes; a group's 8 bytes are two dwords of its chunk of 64 bytes, so the block's two chunks
+// A and B are first regrouped by dword: P = the even dwords of A then of B, Q = the odd ones (two
+// VPERMT2D). Lane g of P and of Q then holds group g's 8 bytes, whose low and high nibbles become
+// 2 * e2m1 + 12 (unsigned 0..24) by VPSHUFB: four vectors loP, hiP, loQ, hiQ. A vector's block
+// record (kVnniBlockBytes, a last one zero-padded) matches them byte for byte:
+//   [0, 64) q of elements 16g + 2p (lane g, byte p)      [64, 128) 16g + 2p + 1
+//   [128, 192) 16g + 8 + 2p                               [192, 256) 16g + 9 + 2p
+//   [256, 320) int32 -12 * (sum of q over group g)        [320, 384) f32 scale d of group g
+// with q = round(v / d), d = amax / 127 per group of 16 (so |q * d - v| <= d / 2). Four VPDPBUSD
+// starting from the -12 * sum give lane g = sum_k 2 * e2m1_k * q_k over group g exactly (int32),
+// then one int -> fp32 conversion and the product of the weight and x group scales per group.
+constexpr int kVnniBlockBytes = 384;
+
+size_t vnni_bytes(int K) { return static_cast<size_t>((K + 255) / 256) * kVnniBlockBytes; }
+
+#if FT_X86
+
+// Rows with N int8-quantized vectors (block records above) and VPDPBUSD.
 template <int N>
 FT_TARGET_AVX512_BF16 void nvfp4_row_vnni(const uint8_t* w, const uint8_t* sc, const uint8_t* const* xs, int K,
                                           float* out, int os, const Prefetch& pf) {
+  const __m512i tab = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
   __m512 acc[N];
   for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
-  int c = 0;
-  // Pairs of chunks: their 16 group scales decoded together, each duplicated into lanes 2g, 2g+1.
-  const __m512i dup_lo = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-  const __m512i dup_hi = _mm512_add_epi32(dup_lo, _mm512_set1_epi32(8));
-  for (; c + 256 <= K; c += 256) {
+  for (int c = 0; c < K; c += 256) {
     const uint8_t* wb = w + c / 2;
     if (pf.dist) {
       pf.ahead(wb);
       pf.ahead(wb + 64);
     }
-    const __m512 S = fp8nv::e4m3x16_avx512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + c / 16)));
-    vnni_chunk<N>(_mm512_loadu_si512(wb), _mm512_permutexvar_ps(dup_lo, S), xs, c, acc);
-    vnni_chunk<N>(_mm512_loadu_si512(wb + 64), _mm512_permutexvar_ps(dup_hi, S), xs, c + 128, acc);
-  }
-  for (; c < K; c += 128) {  // one more chunk, full or (last) shorter under masks
-    const uint8_t* wb = w + c / 2;
-    if (pf.dist) pf.ahead(wb);
-    const int L = std::min(128, K - c);
-    const __m512i b = _mm512_maskz_loadu_epi8(L == 128 ? ~0ull : (1ull << (L / 2)) - 1, wb);
-    const __m128i s8 = _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << (L / 16)) - 1u), sc + c / 16);
-    vnni_chunk<N>(b, fp8nv::e4m3x16_avx512(_mm_unpacklo_epi8(s8, s8)), xs, c, acc);
+    __m512i A, B;
+    __m128i s16;
+    if (c + 256 <= K) {
+      A = _mm512_loadu_si512(wb);
+      B = _mm512_loadu_si512(wb + 64);
+      s16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + c / 16));
+    } else {  // a last block of L < 256 elements (a multiple of 16): missing bytes and scales zero
+      const int L = K - c;
+      A = _mm512_maskz_loadu_epi8(L >= 128 ? ~0ull : (1ull << (L / 2)) - 1, wb);
+      B = _mm512_maskz_loadu_epi8(L > 128 ? (1ull << (L / 2 - 64)) - 1 : 0ull, wb + 64);
+      s16 = _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << (L / 16)) - 1u), sc + c / 16);
+    }
+    const __m512i P = _mm512_permutex2var_epi32(A, even, B), Q = _mm512_permutex2var_epi32(A, odd, B);
+    const __m512i loP = _mm512_shuffle_epi8(tab, _mm512_and_si512(P, low4));
+    const __m512i hiP = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(P, 4), low4));
+    const __m512i loQ = _mm512_shuffle_epi8(tab, _mm512_and_si512(Q, low4));
+    const __m512i hiQ = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(Q, 4), low4));
+    const __m512 S = fp8nv::e4m3x16_avx512(s16);  // lane g: group g (times 2^-8)
+    for (int j = 0; j < N; ++j) {
+      const uint8_t* xr = xs[j] + static_cast<size_t>(c / 256) * kVnniBlockBytes;
+      __m512i t = _mm512_dpbusd_epi32(_mm512_loadu_si512(xr + 256), loP, _mm512_loadu_si512(xr));
+      t = _mm512_dpbusd_epi32(t, hiP, _mm512_loadu_si512(xr + 64));
+      t = _mm512_dpbusd_epi32(t, loQ, _mm512_loadu_si512(xr + 128));
+      t = _mm512_dpbusd_epi32(t, hiQ, _mm512_loadu_si512(xr + 192));
+      acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(t), S), _mm512_loadu_ps(xr + 320), acc[j]);
+    }
   }
   // The table holds 2 * e2m1, the scales carry 2^-8: both undone by one power of two.
   for (int j = 0; j < N; ++j) out[j * os] = _mm512_reduce_add_ps(acc[j]) * (0.5f * fp8nv::kE4m3Fp16Unscale);
 }
 
-#endif  // FT_X86
-
-// A vector for the VNNI kernel, per chunk of 128 elements (64-byte aligned, 256 bytes; a last shorter
-// chunk zero-padded): int8 q of its even elements [0, 64), of its odd elements [64, 128); int32
-// -12 * (sum of q over elements 8i..8i+7) for lanes i = 0..15 [128, 192); f32 scale of the group of
-// lane i (i / 2) [192, 256). Group scale d = amax / 127, q = round(v / d): |q * d - v| <= d / 2.
-constexpr int kVnniChunkBytes = 256;
-
-size_t vnni_bytes(int K) { return static_cast<size_t>((K + 127) / 128) * kVnniChunkBytes; }
-
-#if FT_X86
-// Chunks of v[k0, k1) (k0 a multiple of 128, k1 - k0 a multiple of 16) into dst (the whole vector's).
-// One group of 16 per vector: amax, q = round-to-nearest-even(v * 127 / amax) (MXCSR default), the
-// int32 -> int8 narrowing saturates (|v * 127 / amax| <= 127 up to rounding).
+// Blocks of v[k0, k1) (k0 a multiple of 256, k1 - k0 a multiple of 16) into dst (the whole vector's).
+// Per group of 16: amax, q = round-to-nearest-even(v * 127 / amax) (MXCSR default); the int32 ->
+// int8 narrowing saturates (|v * 127 / amax| <= 127 up to rounding).
 FT_TARGET_AVX512_BF16 void vnni_quantize(const float* v, int k0, int k1, uint8_t* dst) {
-  const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-  for (int c = k0; c < k1; c += 128) {
-    const int L = std::min(128, k1 - c);
-    uint8_t* rec = dst + static_cast<size_t>(c / 128) * kVnniChunkBytes;
-    if (L < 128) std::memset(rec, 0, kVnniChunkBytes);
-    int32_t* negc = reinterpret_cast<int32_t*>(rec + 128);
-    float* d = reinterpret_cast<float*>(rec + 192);
+  // Elements 0,2,4,6 | 1,3,5,7 | 8,10,12,14 | 9,11,13,15: dwords for loP, hiP, loQ, hiQ.
+  const __m128i order = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+  for (int c = k0; c < k1; c += 256) {
+    const int L = std::min(256, k1 - c);
+    uint8_t* rec = dst + static_cast<size_t>(c / 256) * kVnniBlockBytes;
+    if (L < 256) std::memset(rec, 0, kVnniBlockBytes);
+    int32_t* negc = reinterpret_cast<int32_t*>(rec + 256);
+    float* d = reinterpret_cast<float*>(rec + 320);
     for (int g = 0; g < L / 16; ++g) {
       const __m512 x = _mm512_loadu_ps(v + c + 16 * g);
       const float amax = _mm512_reduce_max_ps(_mm512_abs_ps(x));
       const float inv = amax > 0.f ? 127.f / amax : 0.f;
       const __m512i q32 = _mm512_cvtps_epi32(_mm512_mul_ps(x, _mm512_set1_ps(inv)));
-      const __m128i q8 = _mm_shuffle_epi8(_mm512_cvtsepi32_epi8(q32), split);  // evens, then odds
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(rec + 8 * g), q8);
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(rec + 64 + 8 * g), _mm_unpackhi_epi64(q8, q8));
-      negc[2 * g] = -12 * _mm512_mask_reduce_add_epi32(0x00ff, q32);
-      negc[2 * g + 1] = -12 * _mm512_mask_reduce_add_epi32(0xff00, q32);
-      d[2 * g] = d[2 * g + 1] = amax / 127.f;
+      const __m128i q8 = _mm_shuffle_epi8(_mm512_cvtsepi32_epi8(q32), order);
+      const int32_t d0 = _mm_cvtsi128_si32(q8), d1 = _mm_extract_epi32(q8, 1), d2 = _mm_extract_epi32(q8, 2),
+                    d3 = _mm_extract_epi32(q8, 3);
+      std::memcpy(rec + 4 * g, &d0, 4);
+      std::memcpy(rec + 64 + 4 * g, &d1, 4);
+      std::memcpy(rec + 128 + 4 * g, &d2, 4);
+      std::memcpy(rec + 192 + 4 * g, &d3, 4);
+      negc[g] = -12 * _mm512_reduce_add_epi32(q32);
+      d[g] = amax / 127.f;
     }
   }
 }
@@ -321,8 +330,8 @@ class Nvfp4Format final : public MoeFormat {
     b2_ = static_cast<const float*>(args.optional_bank("w2_bias", {E, H}, DType::f32));
   }
 
-  // Each pass-1 unit's intermediate rows are whole chunks of the tier's order (32, or 128 for VNNI).
-  int pass1_rows() const override { return vnni() ? 128 : 32; }
+  // Each pass-1 unit's intermediate rows are whole chunks of the tier's order (32, or 256 for VNNI).
+  int pass1_rows() const override { return vnni() ? 256 : 32; }
   int pass2_rows() const override { return kPass2Rows; }
 
   void prep_input(const TaskInput& in) override {
@@ -423,7 +432,7 @@ class Nvfp4Format final : public MoeFormat {
   const float* b13_;
   const float* b2_;
   AlignedBuffer<float> xp_;    // x in even/odd chunk order, [T, H] (avx2, avx512)
-  AlignedBuffer<uint8_t> xq_;  // x quantized in VNNI chunks, [T, vnni_bytes(H)] (avx512_bf16)
+  AlignedBuffer<uint8_t> xq_;  // x quantized in VNNI blocks, [T, vnni_bytes(H)] (avx512_bf16)
 };
 
 std::unique_ptr<MoeFormat> make_nvfp4_format(const MoeParams& params, FormatArgs& args) {
