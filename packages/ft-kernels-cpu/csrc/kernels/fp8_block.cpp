@@ -10,9 +10,14 @@
 //   w13_bias   [E, 2I]                   f32  optional
 //   w2_bias    [E, H]                    f32  optional
 //
-// Kernels: one row at a time in address order (see bf16.cpp). Per column block the fp8 x fp32
-// products are summed in fp32 vectors, then scaled by the block's scale into a running total.
-// Decoding is in registers (fp8nv_common.h: byte -> fp16 fields -> VCVTPH2PS).
+// Kernels: one row at a time in address order (see bf16.cpp). Per column block the products are
+// summed in fp32 vectors, then scaled by the block's scale into a running total. Decoding is in
+// registers:
+//  - avx2, avx512: byte -> fp16 fields -> VCVTPH2PS (fp8nv_common.h), FMA with fp32 x.
+//  - avx512_bf16: 64 bytes -> 2 x 32 bf16 words by shifts and one VPTERNLOG each (exact: e4m3 fits
+//    bf16), VDPBF16PS with bf16 x and the intermediate rounded to bf16, both in even/odd order per
+//    64 elements (prep_input / prep_inter). Exponent-0 codes (zeros, subnormals) take a fix-up.
+// The batched hooks decode each weight chunk once and multiply it into up to 8 vectors.
 #include <algorithm>
 #include <cmath>
 
@@ -224,7 +229,7 @@ void fp8_rows(Isa isa, const uint8_t* W, int r0, int nrows, const float* S, int 
     return;
   }
 #endif
-  (void)prefetch;
+  (void)isa, (void)prefetch;
   for (int j = 0; j < n; ++j) {
     const float* x = static_cast<const float*>(xs[j]);
     for (int r = 0; r < nrows; ++r) {

@@ -304,7 +304,7 @@ void nvfp4_rows(Isa isa, const uint8_t* W, const uint8_t* SC, const float* G, in
     return;
   }
 #endif
-  (void)prefetch;
+  (void)isa, (void)prefetch;
   for (int j = 0; j < n; ++j) {
     const float* xf = static_cast<const float*>(xs[j]);
     for (int r = 0; r < nrows; ++r) out[j * os + r] = nvfp4_row_scalar(W + r * ldw, SC + r * lds, xf, K) * G[r];
