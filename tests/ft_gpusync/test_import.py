@@ -9,8 +9,8 @@ def test_version_matches_installed_metadata():
     assert ft_gpusync.__version__ == importlib.metadata.version("ft-gpusync")
 
 
-def test_has_no_public_api_yet():
-    assert ft_gpusync.__all__ == []
+def test_public_api():
+    assert ft_gpusync.__all__ == ["Coordinator", "CoordinatorError"]
 
 
 def test_import_does_not_pull_in_torch():

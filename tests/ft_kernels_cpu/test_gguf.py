@@ -9,7 +9,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize, quantize
 
 import ft_kernels_cpu as fk
-from helpers.moe_reference import BF16, moe_reference, random_routes
+from helpers.moe_reference import BF16, activation, moe_reference, random_routes
 
 TIERS = fk.isa_tiers()
 ACTIVATIONS = ["silu", "gelu", "gelu_tanh", "swigluoai", "swiglu_clamp"]
@@ -18,6 +18,13 @@ TYPES = [Q.Q8_0, Q.Q4_0, Q.BF16, Q.F16, Q.MXFP4, Q.Q4_K, Q.Q6_K, Q.Q5_K]
 QUANTIZABLE = {Q.Q8_0, Q.Q4_0, Q.BF16, Q.F16, Q.MXFP4}
 # (gate_up_type, down_type) pairings of real GGUF files, cycled through the activation/batch matrix.
 PAIRS = [(Q.Q4_K, Q.Q6_K), (Q.Q8_0, Q.Q8_0), (Q.MXFP4, Q.MXFP4), (Q.Q5_K, Q.Q6_K), (Q.Q4_0, Q.BF16)]
+# Types whose avx512_bf16 kernels take int8 activations (VNNI).
+INT8_TYPES = {Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K}
+
+
+def int8_group(qtype: Q) -> int:
+    """Elements per x scale of the int8 path: 32 (ggml's Q8_0 activations), 256 for K-quants (Q8_K)."""
+    return 256 if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K) else 32
 
 
 def block_elems(qtype: Q) -> int:
@@ -79,12 +86,55 @@ def shape_for(rng, gu: Q, dn: Q) -> tuple[int, int]:
     ) == 256 else pick(dn, 2, 7)
 
 
-def assert_close_to_reference(y: np.ndarray, ref: np.ndarray, scale: np.ndarray, what: str) -> None:
+def block_amax(v: np.ndarray, group: int) -> np.ndarray:
+    """max |v| over each `group`-element block of the last axis, repeated per element."""
+    a = np.abs(v).reshape(*v.shape[:-1], -1, group).max(axis=-1)
+    return np.repeat(a, group, axis=-1)
+
+
+def int8_error_bound(x, ids, w, wref, act, on_input, q8_in, q8_down, groups=(32, 32), **act_options):
+    """Bound on |y - y_ref| added by the int8 activations of the avx512_bf16 tier (VNNI paths).
+
+    x (q8_in) and the intermediate h (q8_down) are rounded per group (32 elements, 256 for K-quant
+    weights: `groups` of x and h) to int8 steps of amax/127:
+    an element moves by at most amax_block/254. Through gate/up that moves g, u by at most
+    dg = |W_gate| @ ex, du = |W_up| @ ex; every activation here has |dh/dg| <= 1.2 * (|u| + 1) and
+    |dh/du| <= |g| (their gate-side factor silu/gelu/... is <= |g|, its slope <= 1.13; clamps only
+    shrink), so over the box h moves by at most 1.2 * (|u| + du + 1) * dg + (|g| + dg) * du. The
+    rounding of h then adds amax_block(|h| + dh)/254 per element; W_down spreads both, router
+    weights scale them. Computed from the float64 reference, never from the executor.
+    """
+    T, k = ids.shape
+    bound = np.zeros((T, wref["w_down"].shape[1]))
+    x = x.astype(np.float64)
+    for t in range(T):
+        for r in range(k):
+            e = int(ids[t, r])
+            if e < 0:
+                continue
+            wt = float(w[t, r])
+            xin = wt * x[t] if on_input else x[t]
+            g = wref["w_gate"][e] @ xin + (wref["b_gate"][e] if "b_gate" in wref else 0.0)
+            u = wref["w_up"][e] @ xin + (wref["b_up"][e] if "b_up" in wref else 0.0)
+            ex = block_amax(xin, groups[0]) / 254.0 if q8_in else np.zeros_like(xin)
+            dg, du = np.abs(wref["w_gate"][e]) @ ex, np.abs(wref["w_up"][e]) @ ex
+            dh = 1.2 * (np.abs(u) + du + 1.0) * dg + (np.abs(g) + dg) * du
+            h = activation(act, g, u, **act_options)
+            eh = block_amax(np.abs(h) + dh, groups[1]) / 254.0 if q8_down else 0.0
+            bound[t] += (1.0 if on_input else abs(wt)) * (np.abs(wref["w_down"][e]) @ (dh + eh))
+    # fp32 evaluation of the bound's own terms and the bf16 rounding of the extra: a 2% margin.
+    return 1.02 * bound
+
+
+def assert_close_to_reference(
+    y: np.ndarray, ref: np.ndarray, scale: np.ndarray, what: str, extra: np.ndarray | float = 0.0
+) -> None:
     # y is rounded to bf16 (relative error <= 2^-9; 2^-8 leaves a factor 2). Every tier dequantizes
     # the blocks exactly (fp16 scale times a small integer is exact in fp32; K-quants round d*sc*q -
     # dmin*m once, as gguf does, to 2^-24) and accumulates in fp32 (K * 2^-24 << 2^-11), and the
     # intermediate stays fp32: 2^-11 of the magnitude `scale` covers all of it with a wide margin.
-    bound = 2.0**-8 * np.abs(ref) + 2.0**-11 * scale + 1e-30
+    # `extra`: the int8-activation bound (int8_error_bound) where a VNNI path runs.
+    bound = 2.0**-8 * np.abs(ref) + 2.0**-11 * scale + extra + 1e-30
     err = np.abs(y.astype(np.float64) - ref)
     worst = np.unravel_index(np.argmax(err / bound), err.shape)
     assert np.all(err <= bound), (
@@ -115,7 +165,16 @@ def run_case(isa, gu, dn, act, T, seed, bias=False, on_input=False, opts=None):
     y = ex.run(0, x, ids, w)
     assert y.dtype == BF16 and y.shape == (T, H)
     ref, scale = moe_reference(x, ids, w, act=act, router_weight_on_input=on_input, **wref, **opts)
-    assert_close_to_reference(y, ref, scale, f"{isa} {gu.name}/{dn.name} {act} T={T} H={H} I={I}")
+    extra = reference_extra(isa, gu, dn, x, ids, w, wref, act, on_input, opts)
+    assert_close_to_reference(y, ref, scale, f"{isa} {gu.name}/{dn.name} {act} T={T} H={H} I={I}", extra)
+
+
+def reference_extra(isa, gu, dn, x, ids, w, wref, act, on_input, opts):
+    q8_in, q8_down = isa == "avx512_bf16" and gu in INT8_TYPES, isa == "avx512_bf16" and dn in INT8_TYPES
+    if not (q8_in or q8_down):
+        return 0.0
+    groups = (int8_group(gu), int8_group(dn))
+    return int8_error_bound(x, ids, w, wref, act, on_input, q8_in, q8_down, groups, **opts)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
@@ -157,6 +216,95 @@ def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
         outs.append(ex.run(0, x, ids, w).view(np.uint16).copy())
     for o in outs[1:]:
         np.testing.assert_array_equal(o, outs[0])
+
+
+@pytest.mark.parametrize(
+    ("gu", "dn"), [(Q.Q4_K, Q.Q6_K), (Q.Q8_0, Q.Q4_0), (Q.MXFP4, Q.Q5_K), (Q.BF16, Q.F16)]
+)
+@pytest.mark.parametrize("isa", TIERS)
+def test_many_tokens_on_few_experts(isa: str, gu: Q, dn: Q) -> None:
+    # 8 tokens x 6 routes on 2 experts: the batched kernels take chunks of up to 8 routes per expert.
+    rng = np.random.default_rng(13)
+    E, top_k, T = 2, 6, 8
+    H, I = shape_for(rng, gu, dn)
+    banks, wref, options = make_layer(rng, E, H, I, gu, dn, bias=True)
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T, num_threads=2, isa=isa)
+    ex.add_layer(0, "gguf", num_experts=E, intermediate=I, banks=banks, activation="gelu", options=options)
+    x = rng.standard_normal((T, H)).astype(BF16)
+    ids = rng.integers(0, E, (T, top_k)).astype(np.int32)
+    ids[2, 3] = -1
+    w = rng.random((T, top_k)).astype(np.float32)
+    ref, scale = moe_reference(x, ids, w, act="gelu", **wref)
+    extra = reference_extra(isa, gu, dn, x, ids, w, wref, "gelu", False, {})
+    assert_close_to_reference(ex.run(0, x, ids, w), ref, scale, f"{isa} {gu.name}/{dn.name}", extra)
+
+
+def q8_emulate(v: np.ndarray, group: int, flips: bool = False):
+    """v rounded as the int8 paths do, in numpy: per `group` elements, fp32 amax, inv = 127/amax, codes
+    round-half-even(v * inv) in fp32, values code * amax/127. With `flips`, also the step of every
+    element whose v * inv lies within 2e-3 of a rounding boundary (where an fp32 v computed in another
+    order could round the other way), else 0."""
+    b = v.astype(np.float32).reshape(-1, group)
+    amax = np.abs(b).max(axis=1, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    t = (b * inv).astype(np.float32)
+    dx = (amax / np.float32(127)).astype(np.float64)
+    out = (np.clip(np.round(t), -127, 127) * dx).reshape(v.shape)
+    if not flips:
+        return out
+    near = np.abs(np.abs(t - np.floor(t)) - 0.5) < 2e-3
+    return out, (near * dx).reshape(v.shape)
+
+
+def int8_emulated_reference(x, ids, w, wref, act, gin: int, gdn: int):
+    """The float64 reference with x and h rounded by q8_emulate; (y, scale, flip bound)."""
+    T, k = ids.shape
+    y, scale, flip = (np.zeros((T, wref["w_down"].shape[1])) for _ in range(3))
+    xf = x.astype(np.float32)
+    for t in range(T):
+        xin = q8_emulate(xf[t], gin)
+        for r in range(k):
+            e = int(ids[t, r])
+            if e < 0:
+                continue
+            h = activation(act, wref["w_gate"][e] @ xin, wref["w_up"][e] @ xin)
+            hq, fl = q8_emulate(h, gdn, flips=True)
+            wd = np.abs(wref["w_down"][e])
+            y[t] += w[t, r] * (wref["w_down"][e] @ hq)
+            scale[t] += abs(w[t, r]) * (wd @ np.abs(h))
+            flip[t] += abs(w[t, r]) * (wd @ fl)
+    return y, scale, flip
+
+
+@pytest.mark.skipif("avx512_bf16" not in TIERS, reason="no AVX512-VNNI here")
+@pytest.mark.parametrize(
+    ("gu", "dn"), [(Q.Q4_K, Q.Q6_K), (Q.Q8_0, Q.Q4_0), (Q.Q5_K, Q.Q8_0), (Q.Q6_K, Q.Q4_K), (Q.Q4_0, Q.Q5_K)]
+)
+@pytest.mark.parametrize("T", [1, 8])
+def test_int8_paths_match_an_int8_emulation(gu: Q, dn: Q, T: int) -> None:
+    # int8_error_bound is a worst case (errors of every element aligned): ~100x the errors seen. This
+    # test is the sharp one: x and h rounded to int8 in numpy exactly as specified, so only fp32
+    # accumulation (2^-11 of scale), bf16 output and h elements at a rounding boundary remain. The
+    # Q4_K/Q5_K min terms multiply exact sums of x (not of the int8 x), so their dmin is zeroed here;
+    # the min path is checked against int8_error_bound in the other tests.
+    rng = np.random.default_rng([T, int(gu), int(dn)])
+    E, top_k = 4, 4
+    H, I = shape_for(rng, gu, dn)
+    banks, wref, options = make_layer(rng, E, H, I, gu, dn)
+    for name, qtype, key in (("gate", gu, "w_gate"), ("up", gu, "w_up"), ("down", dn, "w_down")):
+        if qtype in (Q.Q4_K, Q.Q5_K):
+            blocks = banks[name].reshape(-1, GGML_QUANT_SIZES[qtype][1])
+            blocks[:, 2:4] = 0
+            wref[key] = dequantize(
+                blocks.reshape(banks[name].shape[0] * banks[name].shape[1], -1), qtype
+            ).reshape(wref[key].shape)
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=8, num_threads=2, isa="avx512_bf16")
+    ex.add_layer(0, "gguf", num_experts=E, intermediate=I, banks=banks, options=options)
+    x = (2.0 * rng.standard_normal((T, H))).astype(BF16)
+    ids = random_routes(rng, T, top_k, E)
+    w = rng.random((T, top_k)).astype(np.float32)
+    ref, scale, flip = int8_emulated_reference(x, ids, w, wref, "silu", int8_group(gu), int8_group(dn))
+    assert_close_to_reference(ex.run(0, x, ids, w), ref, scale, f"{gu.name}/{dn.name} T={T}", 1.01 * flip)
 
 
 def test_errors_name_the_bank_option_and_expected_shape() -> None:

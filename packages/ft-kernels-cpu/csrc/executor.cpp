@@ -159,6 +159,11 @@ static int default_threads() {
 // 0.85-0.89 (16 KiB: 0.85, 4 KiB: 0.85). On Zen 5 any software prefetch cost 5-10%.
 static int default_prefetch() { return cpu_is_intel() ? 8192 : 0; }
 
+static bool env_set(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0';
+}
+
 static int resolve_prefetch(int requested) {
   const char* what = "prefetch_bytes";
   long v = requested;
@@ -189,7 +194,9 @@ static int checked_threads(int num_threads) {
 MoeExecutor::MoeExecutor(int hidden, int top_k, int max_tokens, int num_threads, const std::string& isa,
                          int prefetch_bytes)
     : hidden_(hidden), top_k_(top_k), max_tokens_(max_tokens), isa_(resolve_isa(isa)),
-      prefetch_(resolve_prefetch(prefetch_bytes)), pool_(checked_threads(num_threads)), job_(std::make_unique<MoeJob>()) {
+      prefetch_(resolve_prefetch(prefetch_bytes)),
+      prefetch_explicit_(prefetch_bytes >= 0 || env_set("FT_CPU_MOE_PREFETCH")),
+      pool_(checked_threads(num_threads)), job_(std::make_unique<MoeJob>()) {
   if (hidden <= 0) throw Error("hidden must be > 0, got " + std::to_string(hidden));
   if (top_k <= 0 || top_k > kMaxTopK) {
     throw Error("top_k must be in [1, " + std::to_string(kMaxTopK) + "], got " + std::to_string(top_k));
@@ -232,6 +239,7 @@ void MoeExecutor::add_layer(int layer, const std::string& format, int num_expert
   L.params.isa = isa_;
   L.params.router_weight_on_input = router_weight_on_input;
   L.params.prefetch = prefetch_;
+  L.params.prefetch_explicit = prefetch_explicit_;
   FormatArgs args("layer " + std::to_string(layer) + " (" + format + ")", std::move(banks), std::move(options));
   L.act.kind = activation_from_name(activation);
   if (L.act.kind == Activation::swigluoai) {

@@ -64,6 +64,7 @@ class MoeExecutor {
   int hidden_, top_k_, max_tokens_;
   Isa isa_;
   int prefetch_;
+  bool prefetch_explicit_;
   WorkerPool pool_;
   std::map<int, Layer> layers_;
   std::unique_ptr<MoeJob> job_;

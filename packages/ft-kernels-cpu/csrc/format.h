@@ -60,6 +60,9 @@ struct MoeParams {
   Isa isa = Isa::scalar;
   bool router_weight_on_input = false;
   int prefetch = 0;  // software prefetch distance of weight streams, bytes (0: hardware prefetch only)
+  // True when prefetch was set by the caller (prefetch_bytes / FT_CPU_MOE_PREFETCH); false when it is
+  // the executor's vendor default, which a format may replace with its own measured default.
+  bool prefetch_explicit = false;
 };
 
 // The task's hidden states as the executor prepared them before pass 1.

@@ -1,5 +1,6 @@
-// The ggml block types of ggml_blocks.h: scalar kernels, the SIMD tiers (ggml_tier_kernels.h compiled
-// for AVX2 and AVX-512), the type table and the format class shared by `q4_0` and `gguf`.
+// The ggml block types of ggml_blocks.h: scalar kernels, the fp32 SIMD tiers (ggml_tier_kernels.h
+// compiled for AVX2 and AVX-512), the int8-activation (VNNI) kernels of the avx512_bf16 tier, the type
+// table and the format class shared by `q4_0` and `gguf`.
 #include "ggml_blocks.h"
 
 #include <algorithm>
@@ -172,6 +173,13 @@ void rows_scalar(const uint8_t* W, size_t ld, int nrows, const float* x, int K, 
   }
 }
 
+// The scalar tier has no batched kernel: each vector in turn.
+template <RowsFn Rows>
+void multi_scalar(const uint8_t* W, size_t ld, int nrows, const float* const* xs, int n, int K, float* out, int os,
+                  int prefetch) {
+  for (int j = 0; j < n; ++j) Rows(W, ld, nrows, xs[j], K, out + j * os, prefetch);
+}
+
 void rows_f16_scalar(const uint8_t* W, size_t ld, int nrows, const float* x, int K, float* out, int) {
   for (int r = 0; r < nrows; ++r) {
     const uint8_t* w = W + r * ld;
@@ -179,6 +187,12 @@ void rows_f16_scalar(const uint8_t* W, size_t ld, int nrows, const float* x, int
     for (int k = 0; k < K; ++k) acc += f16_to_f32(load_u16(w + 2 * k)) * x[k];
     out[r] = acc;
   }
+}
+
+template <Isa kIsa>
+void multi_bf16(const uint8_t* W, size_t ld, int nrows, const float* const* xs, int n, int K, float* out, int os,
+                int prefetch) {
+  bf16_dot_rows_multi_f32(kIsa, reinterpret_cast<const uint16_t*>(W), ld / 2, nrows, xs, n, K, out, os, prefetch);
 }
 
 template <Isa kIsa>
@@ -285,28 +299,352 @@ struct V {
 #pragma GCC pop_options
 #endif
 
-#define FT_GGML_TIERS(scalar_fn, T) \
-  { scalar_fn, avx2::rows<avx2::T>, avx512::rows<avx512::T>, avx512::rows<avx512::T> }
-#define FT_GGML_F16_TIERS { rows_f16_scalar, avx2::rows_f16, avx512::rows_f16, avx512::rows_f16 }
+// ---- avx512_bf16 tier: int8 activations (Q8Ref) and VPDPBUSD ----
+//
+// Each VPDPBUSD lane sums 4 products of unsigned and signed bytes into int32, exactly. Q4_0, Q8_0
+// and Q6_K make their weight codes signed (code - offset) and take x as unsigned (x code + 128):
+// the lane starts from -128 * (sum of its 4 weights), computed once per weight block for all
+// vectors, so each vector costs one load and one VPDPBUSD per 64 elements. Q4_K/Q5_K codes are
+// unsigned already (their offsets are the min terms) and take x signed. Q4_0/Q8_0 lanes are then
+// scaled in fp32 by (weight scale of their block) * dx of their block (x in groups of 32).
+#if defined(__clang__)
+#pragma clang attribute push(                                                                            \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,fma,f16c"))), \
+    apply_to = function)
 #else
-#define FT_GGML_TIERS(scalar_fn, T) { scalar_fn, scalar_fn, scalar_fn, scalar_fn }
-#define FT_GGML_F16_TIERS { rows_f16_scalar, rows_f16_scalar, rows_f16_scalar, rows_f16_scalar }
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,fma,f16c")
+#endif
+namespace vnni {
+namespace {
+
+inline __m512i ld512(const void* p) { return _mm512_loadu_si512(p); }
+inline __m256i ld256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline __m128i ld128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+
+// -128 * (sum of each lane's 4 signed weight bytes w): the start of the lanes against x + 128.
+inline __m512i unsigned_x_start(__m512i w) {
+  return _mm512_sub_epi32(_mm512_setzero_si512(),
+                          _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)), w));
+}
+// The same for w = codes - off from the unsigned codes, in one instruction: 512 off - 128 sum codes.
+inline __m512i unsigned_x_start(__m512i codes, int off) {
+  return _mm512_dpbusd_epi32(_mm512_set1_epi32(512 * off), codes, _mm512_set1_epi8(-128));
+}
+
+// acc[j] += cvt(sum (x_j + 128) * w - 128 * sum w) * ws * dl_j for the 64 elements at k.
+template <int NV>
+inline void dot64(__m512i w, __m512i start, __m512 ws, const Q8Ref* xs, int K, int k, __m512* acc) {
+  const int kd = K + k;
+  for (int j = 0; j < NV; ++j) {
+    const __m512i s = _mm512_dpbusd_epi32(start, ld512(xs[j].q + k), w);
+    const __m512 dl = _mm512_loadu_ps(reinterpret_cast<const float*>(xs[j].q + kd));
+    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, dl), acc[j]);
+  }
+}
+
+// A single 32-element block at k (the last of an odd row): the upper 8 lanes get dl = 0.
+template <int NV>
+inline void dot32(__m512i w, __m512i start, __m512 ws, const Q8Ref* xs, int K, int k, __m512* acc) {
+  const int kd = K + k;
+  for (int j = 0; j < NV; ++j) {
+    const __m512i s = _mm512_dpbusd_epi32(start, _mm512_maskz_loadu_epi8(0xffffffffull, xs[j].q + k), w);
+    const __m512 dl = _mm512_maskz_loadu_ps(0x00ff, reinterpret_cast<const float*>(xs[j].q + kd));
+    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, dl), acc[j]);
+  }
+}
+
+inline float load_f32(const uint8_t* p) {
+  float f;
+  std::memcpy(&f, p, sizeof f);
+  return f;
+}
+
+inline __m512 f16_bcast(const uint8_t* p) { return _mm512_set1_ps(_cvtsh_ss(load_u16(p))); }
+
+// Q4_0: codes 0..15 - 8. Two blocks (64 elements) per step: [lo0 hi0 lo1 hi1] nibbles.
+struct Q4_0 {
+  static constexpr int elems = 32, bytes = 18;
+  template <int NV>
+  static inline void pair(const uint8_t* p, const Q8Ref* xs, int K, int k, __m512* acc) {
+    const __m512i sh = _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0, 0, 0x0004000400040004,
+                                        0x0004000400040004, 0, 0);
+    __m512i raw = _mm512_broadcast_i32x4(ld128(p + 2));
+    raw = _mm512_mask_broadcast_i32x4(raw, 0xff00, ld128(p + 20));
+    const __m512i codes = _mm512_and_si512(_mm512_srlv_epi16(raw, sh), _mm512_set1_epi8(15));
+    // d0 to lanes 0..7, d1 (word 9) to lanes 8..15.
+    const __m256i idx = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 9, 9, 9, 9, 9, 9, 9, 9);
+    const __m512 ws = _mm512_cvtph_ps(_mm256_permutexvar_epi16(idx, ld256(p)));
+    dot64<NV>(_mm512_sub_epi8(codes, _mm512_set1_epi8(8)), unsigned_x_start(codes, 8), ws, xs, K, k, acc);
+  }
+  template <int NV>
+  static inline void single(const uint8_t* p, const Q8Ref* xs, int K, int k, __m512* acc) {
+    const __m512i sh = _mm512_set_epi64(0, 0, 0, 0, 0x0004000400040004, 0x0004000400040004, 0, 0);
+    const __m512i raw = _mm512_maskz_broadcast_i32x4(0x00ff, ld128(p + 2));
+    const __m512i codes = _mm512_and_si512(_mm512_srlv_epi16(raw, sh), _mm512_set1_epi8(15));
+    dot32<NV>(_mm512_sub_epi8(codes, _mm512_set1_epi8(8)), unsigned_x_start(codes, 8), f16_bcast(p), xs, K, k, acc);
+  }
+};
+
+// Q8_0: int8 codes as they are.
+struct Q8_0 {
+  static constexpr int elems = 32, bytes = 34;
+  template <int NV>
+  static inline void pair(const uint8_t* p, const Q8Ref* xs, int K, int k, __m512* acc) {
+    const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(ld256(p + 2)), ld256(p + 36), 1);
+    const __m512i idx = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 17, 17, 17, 17, 17, 17, 17,
+                                         17, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512 ws = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(idx, ld512(p))));
+    dot64<NV>(w, unsigned_x_start(w), ws, xs, K, k, acc);
+  }
+  template <int NV>
+  static inline void single(const uint8_t* p, const Q8Ref* xs, int K, int k, __m512* acc) {
+    const __m512i w = _mm512_zextsi256_si512(ld256(p + 2));
+    dot32<NV>(w, unsigned_x_start(w), f16_bcast(p), xs, K, k, acc);
+  }
+};
+
+template <class T, int NV>
+void rows32(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
+  const int nb = K / 32;
+  StreamPrefetch pf(W, ld, nrows, static_cast<size_t>(nb) * T::bytes, prefetch);
+  for (int r = 0; r < nrows; ++r) {
+    const uint8_t* w = W + r * ld;
+    __m512 acc[NV];
+    for (int j = 0; j < NV; ++j) acc[j] = _mm512_setzero_ps();
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+      if (prefetch) pf.advance(w + b * T::bytes);
+      T::template pair<NV>(w + b * T::bytes, xs, K, 32 * b, acc);
+    }
+    if (b < nb) T::template single<NV>(w + b * T::bytes, xs, K, 32 * b, acc);
+    for (int j = 0; j < NV; ++j) out[j * os + r] = _mm512_reduce_add_ps(acc[j]);
+  }
+}
+
+// K-quants take x in groups of 256 (one dx per super-block, as ggml's Q8_K). Every VPDPBUSD lane
+// then fits in int16 (|lane| <= 4 * 63 * 127), so VPDPWSSD multiplies it by its sub-block's integer
+// scale (low word; the high word of the scale is 0) and sums into int32: the whole super-block stays
+// integer and is converted and scaled by d * dx once.
+
+// The 6-bit scales (lanes 0..7) and mins (lanes 8..15) of a Q4_K/Q5_K super-block as int32.
+inline __m512i kquant_scales(const uint8_t* p) {
+  uint32_t a[3];
+  std::memcpy(a, p + 4, 12);
+  const uint32_t lo6 = 0x3f3f3f3fu, lo4 = 0x0f0f0f0fu, top2 = 0x30303030u;
+  const __m128i sm = _mm_setr_epi32(static_cast<int>(a[0] & lo6), static_cast<int>((a[2] & lo4) | ((a[0] >> 2) & top2)),
+                                    static_cast<int>(a[1] & lo6),
+                                    static_cast<int>(((a[2] >> 4) & lo4) | ((a[1] >> 2) & top2)));
+  return _mm512_cvtepu8_epi32(sm);
+}
+
+// Q4_K / Q5_K: codes 0..15 (0..31) per 32-element sub-block with 6-bit scale sc and min m: the min
+// terms dmin * m[s] multiply the fp32 sums of x, 8 lanes per super-block.
+template <bool kQ5>
+struct QK45 {
+  static constexpr int elems = 256, bytes = kQ5 ? 176 : 144;
+  template <int NV>
+  static inline void block(const uint8_t* p, const Q8Ref* xs, int K, int k, __m512* acc, __m256* off) {
+    const __m512i sc = kquant_scales(p);
+    const float d = _cvtsh_ss(load_u16(p));
+    const __m256 M = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(sc, 1)),
+                                   _mm256_set1_ps(_cvtsh_ss(load_u16(p + 2))));
+    const __m512i sh = _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0x0004000400040004,
+                                        0x0004000400040004, 0, 0, 0, 0);
+    const uint8_t* qs = p + (kQ5 ? 48 : 16);
+    __m512i qh = _mm512_setzero_si512();
+    if (kQ5) qh = _mm512_broadcast_i64x4(ld256(p + 16));
+    __m512i iacc[NV];
+    for (int j = 0; j < NV; ++j) iacc[j] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int jj = 0; jj < 4; ++jj) {
+      __m512i codes =
+          _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(ld256(qs + 32 * jj)), sh), _mm512_set1_epi8(15));
+      if (kQ5) {
+        // bit 2jj of qh[l] for sub-block 2jj (bytes 0..31), bit 2jj + 1 for 2jj + 1 (bytes 32..63)
+        const __m512i bit = _mm512_mask_blend_epi64(0xf0, _mm512_set1_epi8(static_cast<char>(1 << (2 * jj))),
+                                                    _mm512_set1_epi8(static_cast<char>(1 << (2 * jj + 1))));
+        codes = _mm512_mask_add_epi8(codes, _mm512_test_epi8_mask(qh, bit), codes, _mm512_set1_epi8(16));
+      }
+      // lanes 0..7: scale 2jj, lanes 8..15: scale 2jj + 1
+      const __m512i scw = _mm512_permutexvar_epi32(
+          _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32(2 * jj), _mm512_set1_epi32(2 * jj + 1)), sc);
+      for (int j = 0; j < NV; ++j) {
+        const __m512i lane = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, ld512(xs[j].q + k + 64 * jj));
+        iacc[j] = _mm512_dpwssd_epi32(iacc[j], lane, scw);
+      }
+    }
+    for (int j = 0; j < NV; ++j) {
+      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[j]), _mm512_set1_ps(d * load_f32(xs[j].q + K + k)), acc[j]);
+      off[j] = _mm256_fmadd_ps(M, _mm256_loadu_ps(reinterpret_cast<const float*>(xs[j].q + 2 * K + k / 8)), off[j]);
+    }
+  }
+};
+
+// Q6_K: codes 0..63 - 32 (signed, x unsigned), an int8 scale per 16 elements (4 lanes).
+struct Q6K {
+  static constexpr int elems = 256, bytes = 210;
+  template <int NV>
+  static inline void block(const uint8_t* p, const Q8Ref* xs, int K, int k, __m512* acc, __m256* /*off*/) {
+    // int8 scales sign-extended, high words cleared (VPDPWSSD multiplies word pairs)
+    const __m512i sc = _mm512_and_si512(_mm512_cvtepi8_epi32(ld128(p + 192)), _mm512_set1_epi32(0xffff));
+    const float d = _cvtsh_ss(load_u16(p + 208));
+    const __m512i shl = _mm512_set_epi64(0x0002000200020002, 0x0002000200020002, 0x0002000200020002,
+                                         0x0002000200020002, 0x0004000400040004, 0x0004000400040004,
+                                         0x0004000400040004, 0x0004000400040004);
+    const __m512i shr = _mm512_set_epi64(0x0002000200020002, 0x0002000200020002, 0x0002000200020002,
+                                         0x0002000200020002, 0, 0, 0, 0);
+    const __m512i m0f = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
+    __m512i iacc[NV];
+    for (int j = 0; j < NV; ++j) iacc[j] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m512i ql = ld512(p + 64 * h);
+      const __m512i hz = _mm512_broadcast_i64x4(ld256(p + 128 + 32 * h));
+      // codes (a & b) | c: 0xEA
+      const __m512i lo = _mm512_ternarylogic_epi32(ql, m0f, _mm512_and_si512(_mm512_sllv_epi16(hz, shl), m30), 0xEA);
+      const __m512i hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), m0f,
+                                                   _mm512_and_si512(_mm512_srlv_epi16(hz, shr), m30), 0xEA);
+#pragma GCC unroll 2
+      for (int g2 = 0; g2 < 2; ++g2) {
+        const int g = 2 * h + g2;  // elements 64g..64g+63 use scales 4g..4g+3, 4 lanes each
+        const __m512i idx = _mm512_set_epi32(4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 2, 4 * g + 2,
+                                             4 * g + 2, 4 * g + 2, 4 * g + 1, 4 * g + 1, 4 * g + 1, 4 * g + 1,
+                                             4 * g, 4 * g, 4 * g, 4 * g);
+        const __m512i scw = _mm512_permutexvar_epi32(idx, sc);
+        const int kg = k + 64 * g;
+        const __m512i codes = g2 ? hi : lo;
+        const __m512i w = _mm512_sub_epi8(codes, _mm512_set1_epi8(32));
+        const __m512i start = unsigned_x_start(codes, 32);
+        for (int j = 0; j < NV; ++j) {
+          const __m512i lane = _mm512_dpbusd_epi32(start, ld512(xs[j].q + kg), w);
+          iacc[j] = _mm512_dpwssd_epi32(iacc[j], lane, scw);
+        }
+      }
+    }
+    for (int j = 0; j < NV; ++j) {
+      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[j]), _mm512_set1_ps(d * load_f32(xs[j].q + K + k)), acc[j]);
+    }
+  }
+};
+
+template <class T, int NV>
+void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
+  const int nb = K / 256;
+  StreamPrefetch pf(W, ld, nrows, static_cast<size_t>(nb) * T::bytes, prefetch);
+  for (int r = 0; r < nrows; ++r) {
+    const uint8_t* w = W + r * ld;
+    __m512 acc[NV];
+    __m256 off[NV];
+    for (int j = 0; j < NV; ++j) acc[j] = _mm512_setzero_ps(), off[j] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; ++b) {
+      if (prefetch) pf.advance(w + b * T::bytes);
+      T::template block<NV>(w + b * T::bytes, xs, K, 256 * b, acc, off);
+    }
+    for (int j = 0; j < NV; ++j) {
+      const __m128 o = _mm_add_ps(_mm256_castps256_ps128(off[j]), _mm256_extractf128_ps(off[j], 1));
+      out[j * os + r] = _mm512_reduce_add_ps(acc[j]) -
+                        _mm_cvtss_f32(_mm_hadd_ps(_mm_hadd_ps(o, o), _mm_hadd_ps(o, o)));
+    }
+  }
+}
+
+}  // namespace
+
+void quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, void* base) {
+  auto* b = static_cast<uint8_t*>(base);
+  uint8_t* q = b;
+  auto* dl = reinterpret_cast<float*>(b + K);
+  auto* xsum = reinterpret_cast<float*>(b + 2 * static_cast<size_t>(K));
+  const __m256i flip = _mm256_set1_epi8(unsigned_x ? static_cast<char>(0x80) : 0);
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  for (int g = k0; g < k1; g += G) {
+    __m512 mx = _mm512_setzero_ps();
+    for (int k = g; k < g + G; k += 16) mx = _mm512_max_ps(mx, _mm512_and_ps(_mm512_loadu_ps(x + k), absmask));
+    const float amax = _mm512_reduce_max_ps(mx);
+    const float dx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+    const __m512 vinv = _mm512_set1_ps(inv);
+    for (int k = g; k < g + G; k += 32) {
+      const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
+      xsum[k / 32] = _mm512_reduce_add_ps(_mm512_add_ps(x0, x1));
+      // round half to even (MXCSR default), |x * inv| <= 127 up to rounding: clamp, then narrow
+      const __m512i lim = _mm512_set1_epi32(127);
+      const __m512i q0 = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x0, vinv)), lim),
+                                          _mm512_sub_epi32(_mm512_setzero_si512(), lim));
+      const __m512i q1 = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x1, vinv)), lim),
+                                          _mm512_sub_epi32(_mm512_setzero_si512(), lim));
+      const __m256i qb = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtepi32_epi8(q0)),
+                                                 _mm512_cvtepi32_epi8(q1), 1);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k), _mm256_xor_si256(qb, flip));
+      _mm256_storeu_ps(dl + k / 4, _mm256_set1_ps(dx));
+    }
+  }
+}
+
+namespace {
+#define FT_GGML_Q8_DISPATCH(NAME, ROWS)                                                                       \
+  template <class T>                                                                                        \
+  void NAME(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) { \
+    switch (n) {                                                                                            \
+      case 1: ROWS<T, 1>(W, ld, nrows, xs, K, out, os, pf); break;                                         \
+      case 2: ROWS<T, 2>(W, ld, nrows, xs, K, out, os, pf); break;                                         \
+      case 3: ROWS<T, 3>(W, ld, nrows, xs, K, out, os, pf); break;                                         \
+      case 4: ROWS<T, 4>(W, ld, nrows, xs, K, out, os, pf); break;                                         \
+      case 5: ROWS<T, 5>(W, ld, nrows, xs, K, out, os, pf); break;                                         \
+      case 6: ROWS<T, 6>(W, ld, nrows, xs, K, out, os, pf); break;                                         \
+      case 7: ROWS<T, 7>(W, ld, nrows, xs, K, out, os, pf); break;                                         \
+      default: ROWS<T, 8>(W, ld, nrows, xs, K, out, os, pf); break;                                        \
+    }                                                                                                       \
+  }
+FT_GGML_Q8_DISPATCH(q8_32, rows32)
+FT_GGML_Q8_DISPATCH(q8_256, rows256)
+#undef FT_GGML_Q8_DISPATCH
+
+}  // namespace
+}  // namespace vnni
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#define FT_GGML_TIERS(scalar_fn, T) \
+  {scalar_fn, avx2::rows<avx2::T>, avx512::rows<avx512::T>, avx512::rows<avx512::T>}, \
+      {multi_scalar<scalar_fn>, avx2::multi<avx2::T>, avx512::multi<avx512::T>, avx512::multi<avx512::T>}
+#define FT_GGML_F16_TIERS                                                                          \
+  {rows_f16_scalar, avx2::rows_f16, avx512::rows_f16, avx512::rows_f16},                           \
+      {multi_scalar<rows_f16_scalar>, avx2::multi_f16, avx512::multi_f16, avx512::multi_f16}
+#define FT_GGML_Q8(R, T) vnni::R<vnni::T>
+#else
+#define FT_GGML_TIERS(scalar_fn, T) \
+  {scalar_fn, scalar_fn, scalar_fn, scalar_fn}, \
+      {multi_scalar<scalar_fn>, multi_scalar<scalar_fn>, multi_scalar<scalar_fn>, multi_scalar<scalar_fn>}
+#define FT_GGML_F16_TIERS                                                      \
+  {rows_f16_scalar, rows_f16_scalar, rows_f16_scalar, rows_f16_scalar},        \
+      {multi_scalar<rows_f16_scalar>, multi_scalar<rows_f16_scalar>, multi_scalar<rows_f16_scalar>, \
+       multi_scalar<rows_f16_scalar>}
+#define FT_GGML_Q8(R, T) nullptr
 #endif  // FT_X86
 
 namespace {
 
-// The supported types, in the order they are listed in errors. The avx512_bf16 tier runs the
-// AVX-512 kernels: the weights are dequantized to fp32 in registers either way, and a bf16 dot
-// product would only add a conversion.
+// The supported types, in the order they are listed in errors. In the avx512_bf16 tier the types
+// with a q8 kernel take int8 activations (VNNI); the others run the AVX-512 fp32 kernels there (the
+// weights are dequantized to fp32 in registers either way, and a bf16 dot product would only add a
+// conversion).
 const TypeInfo kTypes[] = {
-    {8, "Q8_0", 32, 34, FT_GGML_TIERS((rows_scalar<32, 34, deq_q8_0>), Q8_0)},
-    {2, "Q4_0", 32, 18, FT_GGML_TIERS((rows_scalar<32, 18, deq_q4_0>), Q4_0)},
-    {30, "BF16", 1, 2, {rows_bf16<Isa::scalar>, rows_bf16<Isa::avx2>, rows_bf16<Isa::avx512>, rows_bf16<Isa::avx512>}},
-    {1, "F16", 1, 2, FT_GGML_F16_TIERS},
-    {39, "MXFP4", 32, 17, FT_GGML_TIERS((rows_scalar<32, 17, deq_mxfp4>), MXFP4)},
-    {12, "Q4_K", 256, 144, FT_GGML_TIERS((rows_scalar<256, 144, deq_q4_k>), Q4_K)},
-    {14, "Q6_K", 256, 210, FT_GGML_TIERS((rows_scalar<256, 210, deq_q6_k>), Q6_K)},
-    {13, "Q5_K", 256, 176, FT_GGML_TIERS((rows_scalar<256, 176, deq_q5_k>), Q5_K)},
+    {8, "Q8_0", 32, 34, FT_GGML_TIERS((rows_scalar<32, 34, deq_q8_0>), Q8_0), FT_GGML_Q8(q8_32, Q8_0), true, 32},
+    {2, "Q4_0", 32, 18, FT_GGML_TIERS((rows_scalar<32, 18, deq_q4_0>), Q4_0), FT_GGML_Q8(q8_32, Q4_0), true, 32},
+    {30, "BF16", 1, 2, {rows_bf16<Isa::scalar>, rows_bf16<Isa::avx2>, rows_bf16<Isa::avx512>, rows_bf16<Isa::avx512>},
+     {multi_bf16<Isa::scalar>, multi_bf16<Isa::avx2>, multi_bf16<Isa::avx512>, multi_bf16<Isa::avx512>}, nullptr, false,
+     32},
+    {1, "F16", 1, 2, FT_GGML_F16_TIERS, nullptr, false, 32},
+    {39, "MXFP4", 32, 17, FT_GGML_TIERS((rows_scalar<32, 17, deq_mxfp4>), MXFP4), nullptr, false, 32},
+    {12, "Q4_K", 256, 144, FT_GGML_TIERS((rows_scalar<256, 144, deq_q4_k>), Q4_K), FT_GGML_Q8(q8_256, QK45<false>),
+     false, 256},
+    {14, "Q6_K", 256, 210, FT_GGML_TIERS((rows_scalar<256, 210, deq_q6_k>), Q6_K), FT_GGML_Q8(q8_256, Q6K), true, 256},
+    {13, "Q5_K", 256, 176, FT_GGML_TIERS((rows_scalar<256, 176, deq_q5_k>), Q5_K), FT_GGML_Q8(q8_256, QK45<true>),
+     false, 256},
 };
 
 }  // namespace
@@ -344,35 +682,101 @@ size_t row_bytes(const std::string& context, const TypeInfo& t, long long K, con
   return static_cast<size_t>(K / t.block_elems) * t.block_bytes;
 }
 
+#if FT_X86
+void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, void* base) {
+  vnni::quantize(x, k0, k1, K, G, unsigned_x, base);
+}
+#else
+void q8_quantize(const float*, int, int, int, int, bool, void*) { throw Error("q8_quantize needs AVX-512"); }
+#endif
+
 GgmlMoeFormat::GgmlMoeFormat(const MoeParams& p, const Matrix& gate, const Matrix& up, const Matrix& down)
-    : p_(p), gate_(gate), up_(up), down_(down), gate_fn_(gate.type->rows[static_cast<int>(p.isa)]),
-      up_fn_(up.type->rows[static_cast<int>(p.isa)]), down_fn_(down.type->rows[static_cast<int>(p.isa)]) {}
+    : p_(p), gate_(gate), up_(up), down_(down) {
+  const bool tier = p.isa == Isa::avx512_bf16;
+  gu_q8_ = tier && gate.type->q8 != nullptr && up.type->q8 != nullptr && gate.type == up.type;
+  down_q8_ = tier && down.type->q8 != nullptr;
+}
+
+void GgmlMoeFormat::prep_input(const TaskInput& in) {
+  if (!gu_q8_) return;
+  const int H = p_.hidden;
+  const size_t nb = q8_bytes(H);
+  if (xq_.size() < in.num_tokens * nb) xq_.resize(in.num_tokens * nb);
+  for (int t = 0; t < in.num_tokens; ++t) {
+    q8_quantize(in.x_f32 + static_cast<size_t>(t) * H, 0, H, H, gate_.type->q8_group, gate_.type->q8_xu,
+                xq_.data() + t * nb);
+  }
+}
+
+void GgmlMoeFormat::prep_inter(const float* h, int i0, int i1, void* prepped) const {
+  if (down_q8_) q8_quantize(h, i0, i1, p_.intermediate, down_.type->q8_group, down_.type->q8_xu, prepped);
+}
+
+void GgmlMoeFormat::mat_rows(const Matrix& m, bool q8, int e, int r0, int r1, const float* const* xs,
+                             const Q8Ref* qs, int n, int K, float* out, int os) const {
+  const uint8_t* w = m.data + e * m.expert_stride + r0 * m.row_bytes;
+  const int isa = static_cast<int>(p_.isa), rows = r1 - r0;
+  if (q8) {
+    m.type->q8(w, m.row_bytes, rows, qs, n, K, out, os, p_.prefetch);
+  } else if (n == 1) {
+    m.type->rows[isa](w, m.row_bytes, rows, xs[0], K, out, p_.prefetch);
+  } else {
+    m.type->multi[isa](w, m.row_bytes, rows, xs, n, K, out, os, p_.prefetch);
+  }
+}
 
 void GgmlMoeFormat::gate_up(const TaskInput& in, int e, int t, int i0, int i1, float in_scale, float* gate,
                             float* up) const {
-  const int H = p_.hidden, n = i1 - i0;
-  const float* x = in.x_f32 + static_cast<size_t>(t) * H;
-  gate_fn_(gate_.data + e * gate_.expert_stride + i0 * gate_.row_bytes, gate_.row_bytes, n, x, H, gate,
-           p_.prefetch);
-  up_fn_(up_.data + e * up_.expert_stride + i0 * up_.row_bytes, up_.row_bytes, n, x, H, up, p_.prefetch);
+  gate_up_tokens(in, e, &t, &in_scale, 1, i0, i1, gate, up, 0);
+}
+
+void GgmlMoeFormat::gate_up_tokens(const TaskInput& in, int e, const int* tokens, const float* in_scales, int n,
+                                   int i0, int i1, float* gate, float* up, int stride) const {
+  const int H = p_.hidden, rows = i1 - i0;
+  const float* xs[kMaxTokensPerCall];
+  Q8Ref qs[kMaxTokensPerCall];
+  for (int j = 0; j < n; ++j) {
+    xs[j] = in.x_f32 + static_cast<size_t>(tokens[j]) * H;
+    if (gu_q8_) qs[j] = Q8Ref{xq_.data() + tokens[j] * q8_bytes(H)};
+  }
+  mat_rows(gate_, gu_q8_, e, i0, i1, xs, qs, n, H, gate, stride);
+  mat_rows(up_, gu_q8_, e, i0, i1, xs, qs, n, H, up, stride);
   const float* bg = gate_.bias ? gate_.bias + e * gate_.bias_stride + i0 : nullptr;
   const float* bu = up_.bias ? up_.bias + e * up_.bias_stride + i0 : nullptr;
-  for (int i = 0; i < n; ++i) {
-    gate[i] = in_scale * gate[i] + (bg ? bg[i] : 0.f);
-    up[i] = in_scale * up[i] + (bu ? bu[i] : 0.f);
+  for (int j = 0; j < n; ++j) {
+    float* g = gate + j * stride;
+    float* u = up + j * stride;
+    for (int i = 0; i < rows; ++i) {
+      g[i] = in_scales[j] * g[i] + (bg ? bg[i] : 0.f);
+      u[i] = in_scales[j] * u[i] + (bu ? bu[i] : 0.f);
+    }
+  }
+}
+
+void GgmlMoeFormat::down_rows(int e, int h0, int h1, const RouteRef* routes, int n, float* out, int stride) const {
+  const int I = p_.intermediate, rows = h1 - h0;
+  const float* hs[kMaxTokensPerCall];
+  Q8Ref qs[kMaxTokensPerCall];
+  for (int j = 0; j < n; ++j) {
+    hs[j] = routes[j].h;
+    if (down_q8_) qs[j] = Q8Ref{static_cast<const uint8_t*>(routes[j].h_prepped)};
+  }
+  mat_rows(down_, down_q8_, e, h0, h1, hs, qs, n, I, out, stride);
+  if (down_.bias) {
+    const float* b = down_.bias + e * down_.bias_stride + h0;
+    for (int j = 0; j < n; ++j) {
+      for (int r = 0; r < rows; ++r) out[j * stride + r] += b[r];
+    }
   }
 }
 
 void GgmlMoeFormat::down(int h0, int h1, const RouteRef* routes, int n, float* out) const {
-  const int I = p_.intermediate, rows = h1 - h0;
+  const int rows = h1 - h0;
   float tmp[kPass2Rows];
   std::fill(out, out + rows, 0.f);
   for (int r = 0; r < n; ++r) {
-    const RouteRef& rt = routes[r];
-    const uint8_t* w = down_.data + rt.expert * down_.expert_stride + h0 * down_.row_bytes;
-    down_fn_(w, down_.row_bytes, rows, rt.h, I, tmp, p_.prefetch);
-    const float* b = down_.bias ? down_.bias + rt.expert * down_.bias_stride + h0 : nullptr;
-    for (int j = 0; j < rows; ++j) out[j] += rt.weight * (tmp[j] + (b ? b[j] : 0.f));
+    down_rows(routes[r].expert, h0, h1, routes + r, 1, tmp, 0);
+    for (int j = 0; j < rows; ++j) out[j] += routes[r].weight * tmp[j];
   }
 }
 

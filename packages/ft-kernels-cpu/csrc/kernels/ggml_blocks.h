@@ -21,9 +21,11 @@
 //                             q[l+96] = ql[l+32]>>4 | (qh[l]>>6)<<4 (ql, qh offset by 64h, 32h)
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "format.h"
 
@@ -33,13 +35,44 @@ namespace ggml {
 // out[r] = row r of W (ggml rows of K elements, `ld` bytes apart) . x, fp32 accumulation; the weight
 // stream is software-prefetched `prefetch` bytes ahead (0: off). K is a multiple of block_elems.
 using RowsFn = void (*)(const uint8_t* W, size_t ld, int nrows, const float* x, int K, float* out, int prefetch);
+// The same for n <= 8 vectors at once (each block decoded once): out[j * os + r] = row r . xs[j].
+using MultiFn = void (*)(const uint8_t* W, size_t ld, int nrows, const float* const* xs, int n, int K, float* out,
+                         int os, int prefetch);
+
+// A vector of K elements quantized to int8 per group of G elements (G = 32 for Q4_0/Q8_0 as ggml's
+// Q8_0 activations, 256 for the K-quants as its Q8_K) for the int8 (VNNI) kernels:
+//   code[k]  = round-half-even(x[k] * (127 / amax_g)) in fp32, amax_g = max |x| over the group of k
+//              (0 for a zero group), clamped to [-127, 127]; the value is code[k] * dx_g,
+//              dx_g = amax_g / 127
+//   q[k]     = code[k] as int8, or code[k] + 128 as uint8 when the weight type takes x unsigned
+//              (TypeInfo::q8_xu: VPDPBUSD multiplies unsigned by signed bytes; the weights' side is
+//              then signed and the +128 is taken out once per weight block, for all vectors)
+//   dl[l]    = dx of the group of lane l (elements 4l..4l+3)
+//   xsum[b]  = sum of the unquantized x over elements 32b..32b+31 (fp32; the min terms of Q4_K/Q5_K)
+// Bytes of a Q8 vector of K elements: q [K] bytes, dl [K/4] fp32 at byte K, xsum [K/32] fp32 at byte
+// 2K. Kernels address all three from the vector's base (one pointer per vector: dl of element k is at
+// byte K + k, xsum of its 32-block at byte 2K + k/8).
+inline size_t q8_bytes(int K) { return 2 * static_cast<size_t>(K) + static_cast<size_t>(K) / 8; }
+struct Q8Ref {
+  const uint8_t* q;  // the vector's base
+};
+// Quantizes elements [k0, k1) (multiples of G) of x into the Q8 vector of K elements at `base`
+// (AVX-512; only the avx512_bf16 tier has q8 kernels).
+void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, void* base);
+// Int8 kernels: out[j * os + r] = row r . dequant(xs[j]) for n <= 8 vectors.
+using Q8Fn = void (*)(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os,
+                      int prefetch);
 
 struct TypeInfo {
   int id;  // ggml_type
   const char* name;
   int block_elems;
   int block_bytes;
-  RowsFn rows[kNumIsa];  // indexed by Isa
+  RowsFn rows[kNumIsa];    // indexed by Isa
+  MultiFn multi[kNumIsa];  // n >= 2 vectors
+  Q8Fn q8;                 // int8-activation kernels of the avx512_bf16 tier (AVX512-VNNI), or nullptr
+  bool q8_xu;              // q8 takes x as unsigned (code + 128)
+  int q8_group;            // elements per x scale that q8 expects (32 or 256)
 };
 
 // The supported type of ggml id `id`, or nullptr.
@@ -71,14 +104,27 @@ class GgmlMoeFormat final : public MoeFormat {
   GgmlMoeFormat(const MoeParams& p, const Matrix& gate, const Matrix& up, const Matrix& down);
   void gate_up(const TaskInput& in, int e, int t, int i0, int i1, float in_scale, float* gate,
                float* up) const override;
+  void gate_up_tokens(const TaskInput& in, int e, const int* tokens, const float* in_scales, int n, int i0, int i1,
+                      float* gate, float* up, int stride) const override;
   void down(int h0, int h1, const RouteRef* routes, int n, float* out) const override;
+  bool has_down_rows() const override { return true; }
+  void down_rows(int e, int h0, int h1, const RouteRef* routes, int n, float* out, int stride) const override;
+  // Whole Q8 groups of h per unit.
+  int pass1_rows() const override { return down_q8_ ? std::max(32, down_.type->q8_group) : 16; }
   int pass2_rows() const override { return kPass2Rows; }
+  void prep_input(const TaskInput& in) override;
+  size_t inter_prep_bytes() const override { return down_q8_ ? q8_bytes(p_.intermediate) : 0; }
+  void prep_inter(const float* h, int i0, int i1, void* prepped) const override;
 
  private:
   static constexpr int kPass2Rows = 16;
+  // Rows [i0, i1) of one matrix of expert e times n vectors (float or Q8), into out[j * os + r].
+  void mat_rows(const Matrix& m, bool q8, int e, int r0, int r1, const float* const* xs, const Q8Ref* qs, int n,
+                int K, float* out, int os) const;
   MoeParams p_;
   Matrix gate_, up_, down_;
-  RowsFn gate_fn_, up_fn_, down_fn_;
+  bool gu_q8_ = false, down_q8_ = false;  // the int8 paths (avx512_bf16 tier, types with a q8 kernel)
+  std::vector<uint8_t> xq_;               // prep_input: the tokens' Q8 vectors of x
 };
 
 }  // namespace ggml

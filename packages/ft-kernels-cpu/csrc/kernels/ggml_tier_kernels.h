@@ -23,6 +23,10 @@ struct Q8_0 {
       a = V::fma(V::mul(V::cvt(V::s8(p + 2 + c * N)), d), V::lx(x + c * N), a);
     }
   }
+  static inline void deq(const uint8_t* p, F* w) {
+    const F d = V::set(V::f16s(p));
+    for (int c = 0; c < 32 / N; ++c) w[c] = V::mul(V::cvt(V::s8(p + 2 + c * N)), d);
+  }
 };
 
 // 32 int8 codes (elements 0..15 in `lo`, 16..31 in `hi`) times x, scaled by d. The codes are split
@@ -36,26 +40,52 @@ inline void dot32_i8(__m128i lo, __m128i hi, const float* x, F d, F& a0, F& a1) 
   }
 }
 
+// 32 int8 codes as fp32 times d, in element order.
+inline void deq32_i8(__m128i lo, __m128i hi, F d, F* w) {
+  for (int c = 0; c < 16 / N; ++c) {
+    w[c] = V::mul(V::cvt(V::s8x(lo, c)), d);
+    w[16 / N + c] = V::mul(V::cvt(V::s8x(hi, c)), d);
+  }
+}
+
 struct Q4_0 {
   static constexpr int elems = 32, bytes = 18;
-  static inline void block(const uint8_t* p, const float* x, F& a0, F& a1) {
+  static inline void codes(const uint8_t* p, __m128i& lo, __m128i& hi) {
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2));
     const __m128i m = _mm_set1_epi8(15), c8 = _mm_set1_epi8(8);
-    const __m128i lo = _mm_sub_epi8(_mm_and_si128(raw, m), c8);
-    const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m), c8);
+    lo = _mm_sub_epi8(_mm_and_si128(raw, m), c8);
+    hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m), c8);
+  }
+  static inline void block(const uint8_t* p, const float* x, F& a0, F& a1) {
+    __m128i lo, hi;
+    codes(p, lo, hi);
     dot32_i8(lo, hi, x, V::set(V::f16s(p)), a0, a1);
+  }
+  static inline void deq(const uint8_t* p, F* w) {
+    __m128i lo, hi;
+    codes(p, lo, hi);
+    deq32_i8(lo, hi, V::set(V::f16s(p)), w);
   }
 };
 
 struct MXFP4 {
   static constexpr int elems = 32, bytes = 17;
-  static inline void block(const uint8_t* p, const float* x, F& a0, F& a1) {
+  static inline void codes(const uint8_t* p, __m128i& lo, __m128i& hi) {
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 1));
     const __m128i m = _mm_set1_epi8(15);
     const __m128i tab = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-    const __m128i lo = _mm_shuffle_epi8(tab, _mm_and_si128(raw, m));
-    const __m128i hi = _mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(raw, 4), m));
+    lo = _mm_shuffle_epi8(tab, _mm_and_si128(raw, m));
+    hi = _mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(raw, 4), m));
+  }
+  static inline void block(const uint8_t* p, const float* x, F& a0, F& a1) {
+    __m128i lo, hi;
+    codes(p, lo, hi);
     dot32_i8(lo, hi, x, V::set(e8m0_half(p[0])), a0, a1);
+  }
+  static inline void deq(const uint8_t* p, F* w) {
+    __m128i lo, hi;
+    codes(p, lo, hi);
+    deq32_i8(lo, hi, V::set(e8m0_half(p[0])), w);
   }
 };
 
@@ -75,6 +105,21 @@ struct Q4_K {
         const I b = V::u8(qs + 32 * j + c * N);
         a0 = V::fma(V::fms(V::cvt(V::andi(b, 15)), ds0, dm0), V::lx(x + 64 * j + c * N), a0);
         a1 = V::fma(V::fms(V::cvt(V::template srl<4>(b)), ds1, dm1), V::lx(x + 64 * j + 32 + c * N), a1);
+      }
+    }
+  }
+  static inline void deq(const uint8_t* p, F* w) {
+    const float d = V::f16s(p), dmin = V::f16s(p + 2);
+    uint8_t sc[8], mn[8];
+    kquant_scale_min(p + 4, sc, mn);
+    const uint8_t* qs = p + 16;
+    for (int j = 0; j < 4; ++j) {
+      const F ds0 = V::set(d * sc[2 * j]), dm0 = V::set(dmin * mn[2 * j]);
+      const F ds1 = V::set(d * sc[2 * j + 1]), dm1 = V::set(dmin * mn[2 * j + 1]);
+      for (int c = 0; c < 32 / N; ++c) {
+        const I b = V::u8(qs + 32 * j + c * N);
+        w[(64 * j + c * N) / N] = V::fms(V::cvt(V::andi(b, 15)), ds0, dm0);
+        w[(64 * j + 32 + c * N) / N] = V::fms(V::cvt(V::template srl<4>(b)), ds1, dm1);
       }
     }
   }
@@ -103,6 +148,25 @@ struct Q5_K {
       }
     }
   }
+  static inline void deq(const uint8_t* p, F* w) {
+    const float d = V::f16s(p), dmin = V::f16s(p + 2);
+    uint8_t sc[8], mn[8];
+    kquant_scale_min(p + 4, sc, mn);
+    const uint8_t* qh = p + 16;
+    const uint8_t* qs = p + 48;
+    for (int j = 0; j < 4; ++j) {
+      const F ds0 = V::set(d * sc[2 * j]), dm0 = V::set(dmin * mn[2 * j]);
+      const F ds1 = V::set(d * sc[2 * j + 1]), dm1 = V::set(dmin * mn[2 * j + 1]);
+      for (int c = 0; c < 32 / N; ++c) {
+        const I b = V::u8(qs + 32 * j + c * N);
+        const I h4 = V::template sll<4>(V::u8(qh + c * N));
+        const I lo = V::or_(V::andi(b, 15), V::andi(V::srlv(h4, 2 * j), 16));
+        const I hi = V::or_(V::template srl<4>(b), V::andi(V::srlv(h4, 2 * j + 1), 16));
+        w[(64 * j + c * N) / N] = V::fms(V::cvt(lo), ds0, dm0);
+        w[(64 * j + 32 + c * N) / N] = V::fms(V::cvt(hi), ds1, dm1);
+      }
+    }
+  }
 };
 
 struct Q6_K {
@@ -128,6 +192,28 @@ struct Q6_K {
         a1 = V::fma(V::mul(V::cvt(V::subi(q2, 32)), V::set(d * s[is + 2])), V::lx(xh + 32 + l), a1);
         a0 = V::fma(V::mul(V::cvt(V::subi(q3, 32)), V::set(d * s[is + 4])), V::lx(xh + 64 + l), a0);
         a1 = V::fma(V::mul(V::cvt(V::subi(q4, 32)), V::set(d * s[is + 6])), V::lx(xh + 96 + l), a1);
+      }
+    }
+  }
+  static inline void deq(const uint8_t* p, F* w) {
+    const float d = V::f16s(p + 208);
+    const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192);
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = p + 64 * h;
+      const uint8_t* qh = p + 128 + 32 * h;
+      const int8_t* s = sc + 8 * h;
+      F* wh = w + 128 * h / N;
+      for (int c = 0; c < 32 / N; ++c) {
+        const int l = c * N, is = l / 16;
+        const I la = V::u8(ql + l), lb = V::u8(ql + 32 + l), hh = V::u8(qh + l);
+        const I q1 = V::or_(V::andi(la, 15), V::andi(V::template sll<4>(hh), 0x30));
+        const I q2 = V::or_(V::andi(lb, 15), V::andi(V::template sll<2>(hh), 0x30));
+        const I q3 = V::or_(V::template srl<4>(la), V::andi(hh, 0x30));
+        const I q4 = V::or_(V::template srl<4>(lb), V::andi(V::template srl<2>(hh), 0x30));
+        wh[l / N] = V::mul(V::cvt(V::subi(q1, 32)), V::set(d * s[is]));
+        wh[(32 + l) / N] = V::mul(V::cvt(V::subi(q2, 32)), V::set(d * s[is + 2]));
+        wh[(64 + l) / N] = V::mul(V::cvt(V::subi(q3, 32)), V::set(d * s[is + 4]));
+        wh[(96 + l) / N] = V::mul(V::cvt(V::subi(q4, 32)), V::set(d * s[is + 6]));
       }
     }
   }
@@ -170,5 +256,66 @@ inline void rows_f16(const uint8_t* W, size_t ld, int nrows, const float* x, int
     float s = V::hsum(V::add(V::add(a0, a1), V::add(a2, a3)));
     for (; k < K; ++k) s += V::f16s(w + 2 * k) * x[k];
     out[r] = s;
+  }
+}
+
+// NV >= 2 vectors: each block dequantized once into registers (32 elements at a time for the
+// 32-element types, the whole super-block for K-quants) and multiplied into NV accumulators.
+template <class T, int NV>
+void rows_nv(const uint8_t* W, size_t ld, int nrows, const float* const* xs, int K, float* out, int os,
+             int prefetch) {
+  constexpr int nw = T::elems / N;
+  const int nb = K / T::elems;
+  StreamPrefetch pf(W, ld, nrows, static_cast<size_t>(nb) * T::bytes, prefetch);
+  for (int r = 0; r < nrows; ++r) {
+    const uint8_t* w = W + r * ld;
+    F acc[NV];
+    for (int j = 0; j < NV; ++j) acc[j] = V::zero();
+    for (int b = 0; b < nb; ++b) {
+      if (prefetch) pf.advance(w + b * T::bytes);
+      F wv[nw];
+      T::deq(w + b * T::bytes, wv);
+      for (int c = 0; c < nw; ++c) {
+        for (int j = 0; j < NV; ++j) acc[j] = V::fma(wv[c], V::lx(xs[j] + b * T::elems + c * N), acc[j]);
+      }
+    }
+    for (int j = 0; j < NV; ++j) out[j * os + r] = V::hsum(acc[j]);
+  }
+}
+
+template <class T>
+void multi(const uint8_t* W, size_t ld, int nrows, const float* const* xs, int n, int K, float* out, int os,
+           int prefetch) {
+  switch (n) {
+    case 1: rows_nv<T, 1>(W, ld, nrows, xs, K, out, os, prefetch); break;
+    case 2: rows_nv<T, 2>(W, ld, nrows, xs, K, out, os, prefetch); break;
+    case 3: rows_nv<T, 3>(W, ld, nrows, xs, K, out, os, prefetch); break;
+    case 4: rows_nv<T, 4>(W, ld, nrows, xs, K, out, os, prefetch); break;
+    case 5: rows_nv<T, 5>(W, ld, nrows, xs, K, out, os, prefetch); break;
+    case 6: rows_nv<T, 6>(W, ld, nrows, xs, K, out, os, prefetch); break;
+    case 7: rows_nv<T, 7>(W, ld, nrows, xs, K, out, os, prefetch); break;
+    default: rows_nv<T, 8>(W, ld, nrows, xs, K, out, os, prefetch); break;
+  }
+}
+
+// fp16 rows times n vectors.
+inline void multi_f16(const uint8_t* W, size_t ld, int nrows, const float* const* xs, int n, int K, float* out,
+                      int os, int prefetch) {
+  StreamPrefetch pf(W, ld, nrows, static_cast<size_t>(K) * 2, prefetch);
+  for (int r = 0; r < nrows; ++r) {
+    const uint8_t* w = W + r * ld;
+    F acc[8];
+    for (int j = 0; j < n; ++j) acc[j] = V::zero();
+    int k = 0;
+    for (; k + N <= K; k += N) {
+      if (prefetch) pf.advance(w + 2 * k);
+      const F wv = V::f16x(w + 2 * k);
+      for (int j = 0; j < n; ++j) acc[j] = V::fma(wv, V::lx(xs[j] + k), acc[j]);
+    }
+    for (int j = 0; j < n; ++j) {
+      float s = V::hsum(acc[j]);
+      for (int kk = k; kk < K; ++kk) s += V::f16s(w + 2 * kk) * xs[j][kk];
+      out[j * os + r] = s;
+    }
   }
 }

@@ -10,6 +10,8 @@
 //   gate_bias  [E, I] f32, up_bias [E, I] f32, down_bias [E, H] f32   optional
 // Options: gate_up_type, down_type: ggml type ids (ggml_type / gguf.GGMLQuantizationType), one of
 // Q8_0 (8), Q4_0 (2), BF16 (30), F16 (1), MXFP4 (39), Q4_K (12), Q6_K (14), Q5_K (13).
+// In the avx512_bf16 tier Q8_0/Q4_0 take int8 activations per 32 elements and the K-quants per 256
+// (ggml's Q8_0/Q8_K), with VNNI dot products; BF16, F16 and MXFP4 stay fp32 there.
 #include <memory>
 #include <string>
 

@@ -1,6 +1,8 @@
 // q4_0 expert weights: ggml Q4_0 blocks (32 values in 18 bytes: fp16 scale d, then 16 bytes qs;
 // element j < 16 is d * ((qs[j] & 15) - 8), element j + 16 is d * ((qs[j] >> 4) - 8)). The kernels
-// are the Q4_0 entry of the ggml type table (ggml_blocks.cpp), shared with the gguf format.
+// are the Q4_0 entry of the ggml type table (ggml_blocks.cpp), shared with the gguf format: fp32
+// activations in the scalar/avx2/avx512 tiers, int8 activations (x and the intermediate quantized per
+// 32 elements, VPDPBUSD) in the avx512_bf16 tier.
 //
 // Banks (E experts, H hidden, I intermediate; H and I multiples of 32):
 //   w13       [E, 2I, H/32*18] u8   gate rows 0..I-1, then up rows I..2I-1

@@ -1,0 +1,154 @@
+// Python bindings of the bridge's CPU side. Addresses are plain integers; nothing here knows torch.
+#include <Python.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+
+#include "coordinator.h"
+#include "probe.h"
+#include "runtime.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// Host memory of an IO block. (A GPU backend allocates it pinned and mapped instead.)
+struct HostBlock {
+  explicit HostBlock(size_t bytes) : bytes(bytes) {
+    ptr = static_cast<uint8_t*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096));
+    if (!ptr) throw std::runtime_error("out of memory allocating an IO block of " + std::to_string(bytes) + " bytes");
+    std::memset(ptr, 0, bytes);
+  }
+  ~HostBlock() { std::free(ptr); }
+  uint8_t* ptr;
+  size_t bytes;
+};
+
+const ft_moe_executor_abi* abi_from_capsule(const py::object& capsule) {
+  if (!PyCapsule_CheckExact(capsule.ptr())) {
+    throw py::type_error("executor must be the capsule of an ft_kernels_cpu executor (MoeExecutor.capsule())");
+  }
+  auto* abi = static_cast<const ft_moe_executor_abi*>(PyCapsule_GetPointer(capsule.ptr(), FT_MOE_EXECUTOR_CAPSULE));
+  if (!abi) throw py::error_already_set();
+  if (abi->abi_version != FT_MOE_ABI_VERSION || abi->struct_size < sizeof(ft_moe_executor_abi)) {
+    throw py::value_error("executor capsule speaks C ABI version " + std::to_string(abi->abi_version) +
+                          "; this ft_gpusync was built for version " + std::to_string(FT_MOE_ABI_VERSION));
+  }
+  return abi;
+}
+
+class PyCoordinator {
+ public:
+  PyCoordinator(py::object capsule, int max_tokens, int hidden, int top_k, int timeout_ms)
+      : capsule_(std::move(capsule)), abi_(abi_from_capsule(capsule_)) {
+    if (hidden != abi_->hidden) {
+      throw py::value_error("hidden=" + std::to_string(hidden) + " differs from the executor's hidden=" +
+                            std::to_string(abi_->hidden));
+    }
+    if (top_k != abi_->top_k) {
+      throw py::value_error("top_k=" + std::to_string(top_k) + " differs from the executor's top_k=" +
+                            std::to_string(abi_->top_k));
+    }
+    if (max_tokens < 1 || max_tokens > abi_->max_tokens) {
+      throw py::value_error("max_tokens=" + std::to_string(max_tokens) + " must be in [1, " +
+                            std::to_string(abi_->max_tokens) + "] (the executor's max_tokens)");
+    }
+    if (timeout_ms < 1) throw py::value_error("timeout_ms must be >= 1, got " + std::to_string(timeout_ms));
+    layout_ = ftg::IoLayout(max_tokens, hidden, top_k);
+    block_ = std::make_unique<HostBlock>(layout_.bytes);
+    coord_ = std::make_unique<ftg::Coordinator>(abi_, block_->ptr, layout_, max_tokens, hidden, top_k,
+                                                std::chrono::milliseconds(timeout_ms));
+  }
+
+  void close() {
+    py::gil_scoped_release nogil;
+    coord_.reset();
+  }
+  ftg::Coordinator& coord() {
+    if (!coord_) throw py::value_error("the coordinator was closed");
+    return *coord_;
+  }
+
+  py::object capsule_;
+  const ft_moe_executor_abi* abi_;
+  ftg::IoLayout layout_;
+  std::unique_ptr<HostBlock> block_;
+  std::unique_ptr<ftg::Coordinator> coord_;
+};
+
+ftg::Backend parse_backend(const std::string& name) {
+  if (name == "cuda") return ftg::Backend::cuda;
+  if (name == "hip") return ftg::Backend::hip;
+  throw py::value_error("backend='" + name + "' is unknown; expected 'cuda' or 'hip'");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_ft_gpusync, m) {
+  m.doc() = "ft-gpusync native module (use the ft_gpusync package)";
+  py::class_<PyCoordinator>(m, "_Coordinator")
+      .def(py::init<py::object, int, int, int, int>(), py::arg("executor"), py::arg("max_tokens"), py::arg("hidden"),
+           py::arg("top_k"), py::arg("timeout_ms"))
+      .def_property_readonly("address", [](PyCoordinator& c) { return reinterpret_cast<uintptr_t>(c.block_->ptr); })
+      .def_property_readonly("layout",
+                             [](PyCoordinator& c) {
+                               const auto& l = c.layout_;
+                               return std::map<std::string, size_t>{{"doorbell", l.doorbell}, {"done", l.done},
+                                                                    {"x", l.x},           {"ids", l.ids},
+                                                                    {"weights", l.weights}, {"y", l.y},
+                                                                    {"bytes", l.bytes}};
+                             })
+      .def_property_readonly("served", [](PyCoordinator& c) { return c.coord().served(); })
+      .def_property_readonly("poisoned", [](PyCoordinator& c) { return c.coord().poisoned(); })
+      .def("take_error", [](PyCoordinator& c) { return c.coord().take_error(); })
+      .def("close", &PyCoordinator::close);
+  m.def("doorbell_word", &ftg::doorbell_word, py::arg("layer"), py::arg("num_tokens"));
+
+  static py::exception<ftg::PendingError> pending(m, "PendingGpuError", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const ftg::PendingError& e) {
+      py::set_error(pending, e.what());
+    }
+  });
+  m.def(
+      "runtime_status",
+      [](const std::string& backend) {
+        ftg::Runtime rt(parse_backend(backend));
+        py::dict d;
+        d["backend"] = backend;
+        d["library"] = rt.library();
+        d["available"] = rt.available();
+        d["reason"] = rt.reason();
+        return d;
+      },
+      py::arg("backend"));
+  m.def(
+      "probe_memop_graph",
+      [](const std::string& backend, int device) {
+        ftg::Runtime rt(parse_backend(backend));
+        ftg::ProbeResult r;
+        {
+          py::gil_scoped_release nogil;
+          r = ftg::probe_memop_graph(rt, device);
+        }
+        py::dict d;
+        d["supported"] = r.supported;
+        d["detail"] = r.detail;
+        return d;
+      },
+      py::arg("backend"), py::arg("device") = 0);
+  m.def(
+      "check_host_func_allowed",
+      [](const std::string& backend, uintptr_t stream) {
+        ftg::Runtime rt(parse_backend(backend));
+        if (!rt.available()) throw py::value_error(rt.reason());
+        ftg::check_host_func_allowed(rt, reinterpret_cast<void*>(stream));
+      },
+      py::arg("backend"), py::arg("stream"));
+}

@@ -1,0 +1,121 @@
+// ds_fp4: DeepSeek-style FP4 experts. e2m1 weights (two per byte, low nibble first) with one e8m0
+// scale per 32 elements and no global scale; the activations are round-tripped through fp8 e4m3fn
+// before each GEMM, with one power-of-two scale per block of `act_block` elements (fp4_common.h,
+// fp8_round_trip): x before gate/up (prep_input), the activated intermediate before down
+// (prep_inter). The round-tripped values are q * 2^k with a 4-bit significand, exact in bf16, so the
+// avx512_bf16 tier loses nothing by holding them as bf16. Kernels: fp4_kernels.cpp.
+//
+// Banks (E experts, H hidden, I intermediate; H and I multiples of 32):
+//   w13        [E, 2I, H/2]  u8   gate rows 0..I-1, then up rows I..2I-1 (not interleaved)
+//   w13_scale  [E, 2I, H/32] u8   e8m0
+//   w2         [E, H, I/2]   u8
+//   w2_scale   [E, H, I/32]  u8   e8m0
+// Options: act_block (required) 32 or 128. Router weights on the output only.
+#include <algorithm>
+#include <string>
+
+#include "fp4_common.h"
+#include "format.h"
+
+namespace ft {
+
+namespace {
+
+class DsFp4Format final : public MoeFormat {
+ public:
+  DsFp4Format(const MoeParams& p, FormatArgs& args) : p_(p) {
+    const long long E = p.num_experts, H = p.hidden, I = p.intermediate;
+    const double ab = args.require_option("act_block", "elements per fp8 activation scale block: 32 or 128");
+    if (ab != 32 && ab != 128) {
+      throw Error(args.context() + ": option act_block=" + std::to_string(ab) + " must be 32 or 128");
+    }
+    act_block_ = static_cast<int>(ab);
+    if (p.router_weight_on_input) {
+      throw Error(args.context() +
+                  ": router_weight_on_input=True is not supported by ds_fp4 (router weights apply on the output)");
+    }
+    if (H % 32 != 0 || I % 32 != 0) {
+      throw Error(args.context() + ": hidden=" + std::to_string(H) + " and intermediate=" + std::to_string(I) +
+                  " must be multiples of 32 (the fp4 block size)");
+    }
+    w13_ = static_cast<const uint8_t*>(args.require_bank("w13", {E, 2 * I, H / 2}, DType::u8));
+    s13_ = static_cast<const uint8_t*>(args.require_bank("w13_scale", {E, 2 * I, H / 32}, DType::u8));
+    w2_ = static_cast<const uint8_t*>(args.require_bank("w2", {E, H, I / 2}, DType::u8));
+    s2_ = static_cast<const uint8_t*>(args.require_bank("w2_scale", {E, H, I / 32}, DType::u8));
+  }
+
+  // A multiple of act_block (32 or 128): each pass-1 unit owns whole activation blocks of h; and of
+  // 128, the step of the prepared vectors (fp4_common.h).
+  int pass1_rows() const override { return kPass1Rows; }
+  int pass2_rows() const override { return kPass2Rows; }
+
+  void prep_input(const TaskInput& in) override {
+    const int H = p_.hidden;
+    const size_t stride = fp4::vec_bytes(p_.isa, H);
+    xprep_.resize(stride * in.num_tokens);
+    xq_.resize(H);
+    for (int t = 0; t < in.num_tokens; ++t) {
+      fp4::fp8_round_trip(in.x_f32 + static_cast<size_t>(t) * H, H, act_block_, xq_.data());
+      fp4::prep_vec(p_.isa, xq_.data(), 0, H, xprep_.data() + t * stride);
+    }
+  }
+
+  void gate_up(const TaskInput& /*in*/, int e, int t, int i0, int i1, float in_scale, float* gate,
+               float* up) const override {
+    const size_t H = p_.hidden, I = p_.intermediate;
+    const int n = i1 - i0;
+    const uint8_t* x = xprep_.data() + t * fp4::vec_bytes(p_.isa, p_.hidden);
+    const size_t g0 = static_cast<size_t>(e) * 2 * I + i0, u0 = g0 + I;
+    fp4::dot_rows(p_.isa, w13_ + g0 * (H / 2), s13_ + g0 * (H / 32), n, x, p_.hidden, gate, pf_);
+    fp4::dot_rows(p_.isa, w13_ + u0 * (H / 2), s13_ + u0 * (H / 32), n, x, p_.hidden, up, pf_);
+    if (in_scale != 1.f) {
+      for (int i = 0; i < n; ++i) gate[i] *= in_scale, up[i] *= in_scale;
+    }
+  }
+
+  size_t inter_prep_bytes() const override { return fp4::vec_bytes(p_.isa, p_.intermediate); }
+
+  void prep_inter(const float* h, int i0, int i1, void* prepped) const override {
+    float hq[kPass1Rows];
+    fp4::fp8_round_trip(h + i0, i1 - i0, act_block_, hq);
+    fp4::prep_vec(p_.isa, hq, i0, i1, prepped);
+  }
+
+  void down(int h0, int h1, const RouteRef* routes, int n, float* out) const override {
+    const size_t H = p_.hidden, I = p_.intermediate;
+    const int rows = h1 - h0;
+    float tmp[kPass2Rows];
+    std::fill(out, out + rows, 0.f);
+    for (int r = 0; r < n; ++r) {
+      const RouteRef& rt = routes[r];
+      const size_t row0 = static_cast<size_t>(rt.expert) * H + h0;
+      fp4::dot_rows(p_.isa, w2_ + row0 * (I / 2), s2_ + row0 * (I / 32), rows, rt.h_prepped, p_.intermediate, tmp,
+                    pf_);
+      for (int j = 0; j < rows; ++j) out[j] += rt.weight * tmp[j];
+    }
+  }
+
+ private:
+  static constexpr int kPass1Rows = 128;
+  static constexpr int kPass2Rows = 64;  // down rows per unit: one stream of 64 rows per route
+
+  MoeParams p_;
+  int pf_ = fp4::prefetch_distance(p_.prefetch, p_.prefetch_explicit);  // after p_ (declaration order)
+  int act_block_ = 128;
+  const uint8_t* w13_;
+  const uint8_t* s13_;
+  const uint8_t* w2_;
+  const uint8_t* s2_;
+  AlignedBuffer<uint8_t> xprep_;  // [T] round-tripped, prepared tokens
+  AlignedBuffer<float> xq_;
+};
+
+std::unique_ptr<MoeFormat> make_ds_fp4_format(const MoeParams& params, FormatArgs& args) {
+  return std::make_unique<DsFp4Format>(params, args);
+}
+
+}  // namespace
+
+FT_REGISTER_FORMAT("ds_fp4", &make_ds_fp4_format);
+
+}  // namespace ft

@@ -1,0 +1,62 @@
+// Shared pieces of the FP4 formats (mxfp4, ds_fp4): e2m1 values in blocks of 32 with one e8m0 scale
+// per block, two values per byte (low nibble = element 2j, high nibble = element 2j+1).
+//
+// A row of K elements is K/2 bytes of nibbles plus K/32 scale bytes; the rows of a matrix are
+// contiguous in both arrays. The row kernels take the vector they multiply in a per-tier "prepared"
+// layout (prep_vec), made once per token or route, so that no lane shuffle of the vector is left in
+// the weight stream:
+//   scalar       fp32, natural order
+//   avx2         fp32, each block of 32 split into its 16 even then its 16 odd elements (the low
+//                and high nibbles of the 16 bytes of a block)
+//   avx512       fp32, steps of 128 elements as 8 vectors of 16: x[16k + m] = element 8m + k
+//   avx512_bf16  bf16, steps of 128 elements as 4 vectors of 32: x[32j + k] = element 4k + j
+// (the avx512 layouts are zero-padded to a multiple of 128; see fp4_kernels.cpp for why). On Intel
+// CPUs the avx512_bf16 tier uses the avx512 kernels and layout (kernel_isa in fp4_kernels.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common.h"
+
+namespace ft {
+namespace fp4 {
+
+// e2m1 (OCP MX FP4): sign bit 3, exponent bits 2..1 (bias 1), mantissa bit 0.
+extern const float kE2m1[16];
+// e8m0: 2^(s - 127); 255 is NaN. 0 is 2^-127 (an fp32 denormal). Filled while the module loads.
+struct E8m0Table {
+  float v[256];
+  E8m0Table();
+};
+extern const E8m0Table kE8m0;
+
+// Bytes of a prepared vector of K elements for the kernels of `isa`.
+size_t vec_bytes(Isa isa, int K);
+
+// Prepares elements [i0, i1) of a vector, given as v[i - i0], into `out`, the prepared vector of the
+// whole length. i0 must be a multiple of 128 and i1 a multiple of 128 or the end of the vector.
+void prep_vec(Isa isa, const float* v, int i0, int i1, void* out);
+
+// out[r] = sum_k W[r, k] * x[k] for r in [0, nrows) with W[r, k] = e2m1(nibble) * e8m0(S[r, k / 32]);
+// W holds nrows contiguous rows of K/2 bytes, S nrows contiguous rows of K/32 bytes; K % 32 == 0;
+// x is prepared (prep_vec) for `isa`. fp32 accumulation. `prefetch`: software prefetch distance
+// within the weight stream in bytes (0: off).
+void dot_rows(Isa isa, const uint8_t* W, const uint8_t* S, int nrows, const void* x, int K, float* out,
+              int prefetch);
+
+// Software prefetch distance of the FP4 weight streams: the caller's when given (0 disables), else 8 KiB.
+// The executor's default is 0 on AMD, measured for bf16 rows; these rows do several times more work
+// per byte, and on Zen 4 without software prefetch they streamed at ~0.4 of the read bandwidth (one
+// thread, 1 GiB: 10.9 GB/s against 28.9), with an L2 prefetch 8 KiB ahead at ~1.0 (25.8 GB/s).
+// So for these formats 0 means "format default", not "off".
+constexpr int kDefaultPrefetch = 8192;
+inline int prefetch_distance(int configured, bool explicit_) { return explicit_ ? configured : kDefaultPrefetch; }
+
+// Round trip through fp8 e4m3fn with one power-of-two (ue8m0) scale per block of `block` elements:
+// amax = max |v|, s = 2^ceil(log2(max(amax, 1e-4) / 448)), out = e4m3fn_rne_sat(v / s) * s. The last
+// block may be short. Exact fp32 arithmetic (the scale is a power of two), no ISA dependence.
+void fp8_round_trip(const float* v, int n, int block, float* out);
+
+}  // namespace fp4
+}  // namespace ft

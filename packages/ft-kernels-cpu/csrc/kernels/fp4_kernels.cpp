@@ -1,0 +1,367 @@
+// Row kernels of the FP4 formats (fp4_common.h), one per ISA tier, the prepared-vector layouts and
+// the fp8 e4m3 activation round trip. No format is registered here: mxfp4.cpp and ds_fp4.cpp use it.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "fp4_common.h"
+
+namespace ft {
+namespace fp4 {
+
+const float kE2m1[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
+                         -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+
+E8m0Table::E8m0Table() {
+  for (int s = 0; s < 255; ++s) v[s] = std::ldexp(1.f, s - 127);
+  v[255] = std::nanf("");
+}
+const E8m0Table kE8m0;
+
+namespace {
+
+// Software prefetch `dist` bytes ahead within one stream (see bf16.cpp: the hardware prefetchers of
+// Intel cores stop at 4 KiB pages). Prefetches never fault, but stay inside the stream anyway.
+struct Prefetch {
+  const char* end;
+  int dist;
+  void ahead(const void* p) const {
+    const char* q = static_cast<const char*>(p) + dist;
+    if (q < end) prefetch(q);
+  }
+  void start(const void* p) const {
+    const char* q = static_cast<const char*>(p);
+    for (const char* e = std::min(end, q + dist); q < e; q += 64) prefetch(q);
+  }
+  // Into L2 (T1), not L1: measured on Zen 4 with these compute-heavy rows, a T0 prefetch 8 KiB ahead
+  // left them at half the read bandwidth (the L1 miss buffers fill), T1 brought them to it.
+  static void prefetch(const char* q) {
+#if FT_X86
+    _mm_prefetch(q, _MM_HINT_T1);
+#else
+    __builtin_prefetch(q);
+#endif
+  }
+};
+
+// Weights and scales of one call: two streams, the scales 1/16 of the weights.
+struct Streams {
+  Prefetch w, s;
+};
+
+void dot_rows_scalar(const uint8_t* W, const uint8_t* S, int nrows, const float* x, int K, float* out) {
+  const int nb = K / 32;
+  for (int r = 0; r < nrows; ++r) {
+    const uint8_t* w = W + static_cast<size_t>(r) * (K / 2);
+    const uint8_t* s = S + static_cast<size_t>(r) * nb;
+    float acc = 0.f;
+    for (int b = 0; b < nb; ++b) {
+      float t = 0.f;
+      for (int j = 0; j < 16; ++j) {
+        const uint8_t v = w[16 * b + j];
+        t += kE2m1[v & 15] * x[32 * b + 2 * j] + kE2m1[v >> 4] * x[32 * b + 2 * j + 1];
+      }
+      acc += t * kE8m0.v[s[b]];
+    }
+    out[r] = acc;
+  }
+}
+
+#if FT_X86
+
+FT_TARGET_AVX2 inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// One block of 32: 2 * e2m1 as int8 through PSHUFB, widened to fp32; x holds the block's 16 even
+// then 16 odd elements. Returns 2 * (block . x) in 8 lanes.
+FT_TARGET_AVX2 inline __m256 block_avx2(const uint8_t* w, const float* x) {
+  const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+  const __m128i m = _mm_set1_epi8(0x0f);
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
+  const __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(b, m));
+  const __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(b, 4), m));
+  const __m256 l0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+  const __m256 l1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(lo, lo)));
+  const __m256 h0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+  const __m256 h1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(hi, hi)));
+  __m256 t = _mm256_mul_ps(l0, _mm256_loadu_ps(x));
+  t = _mm256_fmadd_ps(l1, _mm256_loadu_ps(x + 8), t);
+  t = _mm256_fmadd_ps(h0, _mm256_loadu_ps(x + 16), t);
+  return _mm256_fmadd_ps(h1, _mm256_loadu_ps(x + 24), t);
+}
+
+FT_TARGET_AVX2 void dot_rows_avx2(const uint8_t* W, const uint8_t* S, int nrows, const float* x, int K,
+                                  float* out, const Streams& pf) {
+  const int nb = K / 32;
+  for (int r = 0; r < nrows; ++r) {
+    const uint8_t* w = W + static_cast<size_t>(r) * (K / 2);
+    const uint8_t* s = S + static_cast<size_t>(r) * nb;
+    if (pf.s.dist) pf.s.ahead(s);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int b = 0;
+    for (; b + 4 <= nb; b += 4) {
+      if (pf.w.dist) pf.w.ahead(w + 16 * b);
+      a0 = _mm256_fmadd_ps(block_avx2(w + 16 * b, x + 32 * b), _mm256_set1_ps(kE8m0.v[s[b]]), a0);
+      a1 = _mm256_fmadd_ps(block_avx2(w + 16 * b + 16, x + 32 * b + 32), _mm256_set1_ps(kE8m0.v[s[b + 1]]), a1);
+      a2 = _mm256_fmadd_ps(block_avx2(w + 16 * b + 32, x + 32 * b + 64), _mm256_set1_ps(kE8m0.v[s[b + 2]]), a2);
+      a3 = _mm256_fmadd_ps(block_avx2(w + 16 * b + 48, x + 32 * b + 96), _mm256_set1_ps(kE8m0.v[s[b + 3]]), a3);
+    }
+    for (; b < nb; ++b) {
+      a0 = _mm256_fmadd_ps(block_avx2(w + 16 * b, x + 32 * b), _mm256_set1_ps(kE8m0.v[s[b]]), a0);
+    }
+    // The LUT held 2 * e2m1: halve (exact).
+    out[r] = 0.5f * hsum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  }
+}
+
+// The avx512 tiers take 4 blocks (64 bytes, 128 elements) per step with one 512-bit load and no
+// widening shuffle: each dword (or word) of the load holds 8 (or 4) consecutive nibbles; shifting
+// the whole register by 4 bits at a time brings each nibble in turn to the bottom of every lane,
+// where one VPERMPS (low 4 index bits) or VPERMW (low 5 bits; the table holds the 16 values twice)
+// looks all lanes up at once. Lane m then holds element 8m + k (dwords) or 4m + j (words) of the
+// step, and the vector is prepared in that order (prep_vec), so lane m of every product belongs to
+// block m / 4 (dwords; for VDPBF16PS words 2m, 2m + 1 sum into fp32 lane m, also block m / 4).
+// Intel cores run 512-bit shuffles on one port only: this is 2 (fp32) or 1 (bf16) shuffle per block
+// instead of 3 (or 2) with a byte-to-dword widening per block.
+
+// e8m0 scales of up to 16 blocks as fp32 lanes: s << 23 is 2^(s - 127) for s in [1, 254]; s = 0 is
+// the denormal 2^-127 (0x00400000), s = 255 NaN. Lanes past `n` read scale 0 (finite).
+FT_TARGET_AVX512 inline __m512 e8m0x16(const uint8_t* s, int n) {
+  const __mmask16 m = n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1u);
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, s));
+  __m512i bits = _mm512_max_epu32(_mm512_slli_epi32(b, 23), _mm512_set1_epi32(0x00400000));
+  bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(b, _mm512_set1_epi32(255)),
+                               _mm512_set1_epi32(0x7fc00000));
+  return _mm512_castsi512_ps(bits);
+}
+
+// Scale of block 4u + m / 4 in lane m, from the 16 scales of e8m0x16.
+FT_TARGET_AVX512 inline __m512i scale_index(int u) {
+  return _mm512_add_epi32(_mm512_set1_epi32(4 * u),
+                          _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2));
+}
+
+// Tail loads: the bytes of the blocks left in the row, zeros after (value 0 against a zero-padded x).
+FT_TARGET_AVX512 inline __m512i load_blocks(const uint8_t* w, int blocks) {
+  if (blocks >= 4) return _mm512_loadu_si512(w);
+  return _mm512_maskz_loadu_epi8((1ull << (16 * blocks)) - 1ull, w);
+}
+
+// Four blocks against x in the dword layout: 8 vectors of 16 floats, x[16k + m] = element 8m + k.
+FT_TARGET_AVX512 inline __m512 step_avx512(__m512i wv, const float* x, __m512 lut) {
+  __m512 t0 = _mm512_mul_ps(_mm512_permutexvar_ps(wv, lut), _mm512_loadu_ps(x));
+  __m512 t1 = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(wv, 4), lut), _mm512_loadu_ps(x + 16));
+  t0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(wv, 8), lut), _mm512_loadu_ps(x + 32), t0);
+  t1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(wv, 12), lut), _mm512_loadu_ps(x + 48), t1);
+  t0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(wv, 16), lut), _mm512_loadu_ps(x + 64), t0);
+  t1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(wv, 20), lut), _mm512_loadu_ps(x + 80), t1);
+  t0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(wv, 24), lut), _mm512_loadu_ps(x + 96), t0);
+  t1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(wv, 28), lut), _mm512_loadu_ps(x + 112), t1);
+  return _mm512_add_ps(t0, t1);
+}
+
+// Four blocks against x in the word layout: 4 vectors of 32 bf16, x[32j + k] = element 4k + j.
+FT_TARGET_AVX512_BF16 inline __m512 step_bf16(__m512i wv, const uint16_t* x, __m512i lut) {
+  const __m512 z = _mm512_setzero_ps();
+  __m512 t0 = _mm512_dpbf16_ps(z, (__m512bh)_mm512_permutexvar_epi16(wv, lut), (__m512bh)_mm512_loadu_si512(x));
+  __m512 t1 = _mm512_dpbf16_ps(z, (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 4), lut),
+                               (__m512bh)_mm512_loadu_si512(x + 32));
+  t0 = _mm512_dpbf16_ps(t0, (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 8), lut),
+                        (__m512bh)_mm512_loadu_si512(x + 64));
+  t1 = _mm512_dpbf16_ps(t1, (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 12), lut),
+                        (__m512bh)_mm512_loadu_si512(x + 96));
+  return _mm512_add_ps(t0, t1);
+}
+
+// One row: steps of 4 blocks, scales loaded 16 blocks at a time; two accumulators.
+#define FT_FP4_ROW_LOOP(STEP, XT)                                                                      \
+  const int nb = K / 32;                                                                               \
+  for (int r = 0; r < nrows; ++r) {                                                                    \
+    const uint8_t* w = W + static_cast<size_t>(r) * (K / 2);                                           \
+    const uint8_t* s = S + static_cast<size_t>(r) * nb;                                                \
+    if (pf.s.dist) pf.s.ahead(s);                                                                      \
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0;                                                          \
+    int b = 0;                                                                                         \
+    for (; b + 16 <= nb; b += 16) {                                                                    \
+      const __m512 sf = e8m0x16(s + b, 16);                                                            \
+      for (int u = 0; u < 4; u += 2) {                                                                 \
+        const uint8_t* wp = w + 16 * (b + 4 * u);                                                      \
+        if (pf.w.dist) {                                                                               \
+          pf.w.ahead(wp);                                                                              \
+          pf.w.ahead(wp + 64);                                                                         \
+        }                                                                                              \
+        const XT* xp = x + 32 * (b + 4 * u);                                                           \
+        a0 = _mm512_fmadd_ps(STEP(_mm512_loadu_si512(wp), xp, lut), _mm512_permutexvar_ps(idx[u], sf), a0); \
+        a1 = _mm512_fmadd_ps(STEP(_mm512_loadu_si512(wp + 64), xp + 128, lut),                         \
+                             _mm512_permutexvar_ps(idx[u + 1], sf), a1);                               \
+      }                                                                                                \
+    }                                                                                                  \
+    if (b < nb) {                                                                                      \
+      const __m512 sf = e8m0x16(s + b, nb - b);                                                        \
+      for (int u = 0; b + 4 * u < nb; ++u) {                                                           \
+        const int bu = b + 4 * u;                                                                      \
+        if (pf.w.dist) pf.w.ahead(w + 16 * bu);                                                        \
+        a0 = _mm512_fmadd_ps(STEP(load_blocks(w + 16 * bu, nb - bu), x + 32 * bu, lut),                \
+                             _mm512_permutexvar_ps(idx[u], sf), a0);                                   \
+      }                                                                                                \
+    }                                                                                                  \
+    out[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));                                              \
+  }
+
+FT_TARGET_AVX512 void dot_rows_avx512(const uint8_t* W, const uint8_t* S, int nrows, const float* x, int K,
+                                     float* out, const Streams& pf) {
+  const __m512 lut = _mm512_loadu_ps(kE2m1);
+  const __m512i idx[4] = {scale_index(0), scale_index(1), scale_index(2), scale_index(3)};
+  FT_FP4_ROW_LOOP(step_avx512, float)
+}
+
+FT_TARGET_AVX512_BF16 void dot_rows_bf16(const uint8_t* W, const uint8_t* S, int nrows, const uint16_t* x, int K,
+                                         float* out, const Streams& pf) {
+  alignas(64) uint16_t table[32];
+  for (int i = 0; i < 32; ++i) table[i] = f32_to_bf16(kE2m1[i & 15]);
+  const __m512i lut = _mm512_load_si512(table);
+  const __m512i idx[4] = {scale_index(0), scale_index(1), scale_index(2), scale_index(3)};
+  FT_FP4_ROW_LOOP(step_bf16, uint16_t)
+}
+
+#undef FT_FP4_ROW_LOOP
+
+#endif  // FT_X86
+
+// e4m3fn value nearest to y (ties to even), saturated to +-448; y finite.
+float e4m3_rne_sat(float y) {
+  const float a = std::fabs(y);
+  float r;
+  if (a < 0.015625f) {
+    // Below 2^-6 the grid is the subnormal step 2^-9 (scaling by 512 is exact; nearbyint rounds to
+    // nearest even in the default rounding mode).
+    r = std::nearbyint(a * 512.f) * (1.f / 512.f);
+  } else {
+    // Keep 3 mantissa bits, rounding to nearest even; a carry moves into the exponent as it should.
+    uint32_t bits;
+    std::memcpy(&bits, &a, sizeof bits);
+    bits = (bits + 0x7ffffu + ((bits >> 20) & 1u)) & ~0xfffffu;
+    std::memcpy(&r, &bits, sizeof r);
+  }
+  return std::copysign(std::min(r, 448.f), y);
+}
+
+// The kernels a tier runs. On Intel the avx512_bf16 tier runs the fp32 avx512 kernels: there
+// VDPBF16PS made the FP4 rows slower, not faster (Xeon, gpt-oss-120b shape, 2 threads: 0.55 of the
+// read bandwidth with it, 0.68 without), while on Zen it is the faster of the two.
+Isa kernel_isa(Isa isa) {
+  static const bool intel = cpu_is_intel();
+  return isa == Isa::avx512_bf16 && intel ? Isa::avx512 : isa;
+}
+
+}  // namespace
+
+size_t vec_bytes(Isa isa, int K) {
+  isa = kernel_isa(isa);
+  const size_t k128 = (static_cast<size_t>(K) + 127) / 128 * 128;
+  switch (isa) {
+    case Isa::avx512_bf16: return k128 * sizeof(uint16_t);
+    case Isa::avx512: return k128 * sizeof(float);
+    default: return static_cast<size_t>(K) * sizeof(float);
+  }
+}
+
+void prep_vec(Isa isa, const float* v, int i0, int i1, void* out) {
+  switch (kernel_isa(isa)) {
+    case Isa::avx512_bf16: {
+      // Steps of 128: x[g + 32j + k] = element g + 4k + j; zeros past i1 (the end of the vector).
+      uint16_t* o = static_cast<uint16_t*>(out);
+      for (int g = i0; g < i1; g += 128) {
+        for (int j = 0; j < 4; ++j) {
+          for (int k = 0; k < 32; ++k) {
+            const int e = g + 4 * k + j;
+            o[g + 32 * j + k] = e < i1 ? f32_to_bf16(v[e - i0]) : 0;
+          }
+        }
+      }
+      return;
+    }
+    case Isa::avx512: {
+      // Steps of 128: x[g + 16k + m] = element g + 8m + k; zeros past i1.
+      float* o = static_cast<float*>(out);
+      for (int g = i0; g < i1; g += 128) {
+        for (int k = 0; k < 8; ++k) {
+          for (int m = 0; m < 16; ++m) {
+            const int e = g + 8 * m + k;
+            o[g + 16 * k + m] = e < i1 ? v[e - i0] : 0.f;
+          }
+        }
+      }
+      return;
+    }
+    case Isa::avx2: {
+      // Blocks of 32: the 16 even, then the 16 odd elements.
+      float* o = static_cast<float*>(out);
+      for (int b = i0; b < i1; b += 32) {
+        for (int j = 0; j < 16; ++j) {
+          o[b + j] = v[b - i0 + 2 * j];
+          o[b + 16 + j] = v[b - i0 + 2 * j + 1];
+        }
+      }
+      return;
+    }
+    case Isa::scalar:
+      break;
+  }
+  std::memcpy(static_cast<float*>(out) + i0, v, sizeof(float) * (i1 - i0));
+}
+
+void dot_rows(Isa isa, const uint8_t* W, const uint8_t* S, int nrows, const void* x, int K, float* out,
+              int prefetch) {
+  if (nrows <= 0) return;
+  isa = kernel_isa(isa);
+#if FT_X86
+  const size_t wbytes = static_cast<size_t>(nrows) * (K / 2), sbytes = static_cast<size_t>(nrows) * (K / 32);
+  const Streams pf{{reinterpret_cast<const char*>(W) + wbytes, prefetch},
+                   {reinterpret_cast<const char*>(S) + sbytes, prefetch / 16}};
+  if (prefetch) {
+    pf.w.start(W);
+    pf.s.start(S);
+  }
+  switch (isa) {
+    case Isa::avx512_bf16:
+      dot_rows_bf16(W, S, nrows, static_cast<const uint16_t*>(x), K, out, pf);
+      return;
+    case Isa::avx512:
+      dot_rows_avx512(W, S, nrows, static_cast<const float*>(x), K, out, pf);
+      return;
+    case Isa::avx2:
+      dot_rows_avx2(W, S, nrows, static_cast<const float*>(x), K, out, pf);
+      return;
+    case Isa::scalar:
+      break;
+  }
+#else
+  (void)prefetch;
+  if (isa != Isa::scalar) throw Error("fp4 kernels: ISA tier " + std::string(isa_name(isa)) + " needs x86");
+#endif
+  dot_rows_scalar(W, S, nrows, static_cast<const float*>(x), K, out);
+}
+
+void fp8_round_trip(const float* v, int n, int block, float* out) {
+  for (int b0 = 0; b0 < n; b0 += block) {
+    const int b1 = std::min(n, b0 + block);
+    float amax = 0.f;
+    for (int i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(v[i]));
+    float s = std::max(amax, 1e-4f) / 448.f;
+    // s >= 1e-4 / 448 is a normal float: rounding up to a power of two is clearing the mantissa and
+    // bumping the exponent when any mantissa bit is set.
+    uint32_t bits;
+    std::memcpy(&bits, &s, sizeof bits);
+    if (bits & 0x7fffffu) bits = (bits & 0xff800000u) + 0x800000u;
+    std::memcpy(&s, &bits, sizeof s);
+    for (int i = b0; i < b1; ++i) out[i] = e4m3_rne_sat(v[i] / s) * s;
+  }
+}
+
+}  // namespace fp4
+}  // namespace ft

@@ -1,0 +1,116 @@
+// mxfp4 expert weights in gpt-oss's checkpoint layout (OCP MX: e2m1 values, two per byte, low nibble
+// first, one e8m0 scale per 32 elements). Kernels: fp4_kernels.cpp.
+//
+// Banks (E experts, H hidden, I intermediate; H and I multiples of 32):
+//   w13        [E, 2I, H/32, 16] u8   gate_up_proj_blocks: rows INTERLEAVED, row 2i gate_i, 2i+1 up_i
+//   w13_scale  [E, 2I, H/32]     u8   gate_up_proj_scales (e8m0)
+//   w13_bias   [E, 2I]           bf16 optional, interleaved like the rows
+//   w2         [E, H, I/32, 16]  u8   down_proj_blocks
+//   w2_scale   [E, H, I/32]      u8   down_proj_scales (e8m0)
+//   w2_bias    [E, H]            bf16 optional
+// Router weights are applied on the output (gpt-oss); router_weight_on_input=True is refused.
+#include <algorithm>
+#include <string>
+
+#include "fp4_common.h"
+#include "format.h"
+
+namespace ft {
+
+namespace {
+
+class Mxfp4Format final : public MoeFormat {
+ public:
+  Mxfp4Format(const MoeParams& p, FormatArgs& args) : p_(p) {
+    const long long E = p.num_experts, H = p.hidden, I = p.intermediate;
+    if (p.router_weight_on_input) {
+      throw Error(args.context() +
+                  ": router_weight_on_input=True is not supported by mxfp4 (gpt-oss applies the router "
+                  "weights on the output)");
+    }
+    if (H % 32 != 0 || I % 32 != 0) {
+      throw Error(args.context() + ": hidden=" + std::to_string(H) + " and intermediate=" + std::to_string(I) +
+                  " must be multiples of 32 (the mxfp4 block size)");
+    }
+    w13_ = static_cast<const uint8_t*>(args.require_bank("w13", {E, 2 * I, H / 32, 16}, DType::u8));
+    s13_ = static_cast<const uint8_t*>(args.require_bank("w13_scale", {E, 2 * I, H / 32}, DType::u8));
+    b13_ = static_cast<const uint16_t*>(args.optional_bank("w13_bias", {E, 2 * I}, DType::bf16));
+    w2_ = static_cast<const uint8_t*>(args.require_bank("w2", {E, H, I / 32, 16}, DType::u8));
+    s2_ = static_cast<const uint8_t*>(args.require_bank("w2_scale", {E, H, I / 32}, DType::u8));
+    b2_ = static_cast<const uint16_t*>(args.optional_bank("w2_bias", {E, H}, DType::bf16));
+  }
+
+  // A multiple of 128 so that prep_inter prepares whole steps of the intermediate (fp4_common.h).
+  int pass1_rows() const override { return kMaxPass1Rows; }
+  int pass2_rows() const override { return kPass2Rows; }
+
+  void prep_input(const TaskInput& in) override {
+    const int H = p_.hidden;
+    const size_t stride = fp4::vec_bytes(p_.isa, H);
+    xprep_.resize(stride * in.num_tokens);
+    for (int t = 0; t < in.num_tokens; ++t) {
+      fp4::prep_vec(p_.isa, in.x_f32 + static_cast<size_t>(t) * H, 0, H, xprep_.data() + t * stride);
+    }
+  }
+
+  void gate_up(const TaskInput& /*in*/, int e, int t, int i0, int i1, float in_scale, float* gate,
+               float* up) const override {
+    const size_t H = p_.hidden, I = p_.intermediate;
+    const int n = i1 - i0;
+    // Gate and up rows of [i0, i1) are the contiguous rows [2 i0, 2 i1): one stream.
+    const size_t row0 = static_cast<size_t>(e) * 2 * I + 2 * static_cast<size_t>(i0);
+    float tmp[2 * kMaxPass1Rows];
+    fp4::dot_rows(p_.isa, w13_ + row0 * (H / 2), s13_ + row0 * (H / 32), 2 * n,
+                  xprep_.data() + t * fp4::vec_bytes(p_.isa, p_.hidden), p_.hidden, tmp, pf_);
+    const uint16_t* b = b13_ ? b13_ + row0 : nullptr;
+    for (int i = 0; i < n; ++i) {
+      gate[i] = in_scale * tmp[2 * i] + (b ? bf16_to_f32(b[2 * i]) : 0.f);
+      up[i] = in_scale * tmp[2 * i + 1] + (b ? bf16_to_f32(b[2 * i + 1]) : 0.f);
+    }
+  }
+
+  size_t inter_prep_bytes() const override { return fp4::vec_bytes(p_.isa, p_.intermediate); }
+
+  void prep_inter(const float* h, int i0, int i1, void* prepped) const override {
+    fp4::prep_vec(p_.isa, h + i0, i0, i1, prepped);
+  }
+
+  void down(int h0, int h1, const RouteRef* routes, int n, float* out) const override {
+    const size_t H = p_.hidden, I = p_.intermediate;
+    const int rows = h1 - h0;
+    float tmp[kPass2Rows];
+    std::fill(out, out + rows, 0.f);
+    for (int r = 0; r < n; ++r) {
+      const RouteRef& rt = routes[r];
+      const size_t row0 = static_cast<size_t>(rt.expert) * H + h0;
+      fp4::dot_rows(p_.isa, w2_ + row0 * (I / 2), s2_ + row0 * (I / 32), rows, rt.h_prepped, p_.intermediate, tmp,
+                    pf_);
+      const uint16_t* b = b2_ ? b2_ + row0 : nullptr;
+      for (int j = 0; j < rows; ++j) out[j] += rt.weight * (tmp[j] + (b ? bf16_to_f32(b[j]) : 0.f));
+    }
+  }
+
+ private:
+  static constexpr int kMaxPass1Rows = 128;
+  static constexpr int kPass2Rows = 64;  // down rows per unit: one stream of 64 rows per route
+
+  MoeParams p_;
+  int pf_ = fp4::prefetch_distance(p_.prefetch, p_.prefetch_explicit);  // after p_ (declaration order)
+  const uint8_t* w13_;
+  const uint8_t* s13_;
+  const uint16_t* b13_;
+  const uint8_t* w2_;
+  const uint8_t* s2_;
+  const uint16_t* b2_;
+  AlignedBuffer<uint8_t> xprep_;  // [T] prepared tokens (prep_input, read by every pass-1 unit)
+};
+
+std::unique_ptr<MoeFormat> make_mxfp4_format(const MoeParams& params, FormatArgs& args) {
+  return std::make_unique<Mxfp4Format>(params, args);
+}
+
+}  // namespace
+
+FT_REGISTER_FORMAT("mxfp4", &make_mxfp4_format);
+
+}  // namespace ft

@@ -1,0 +1,214 @@
+"""ds_fp4 (FP4 weights, fp8 e4m3 activation round trips) against an ml_dtypes float64 reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ft_kernels_cpu as fk
+from helpers.fp4_reference import assert_close, dequant_fp4, fp8_round_trip, random_fp4, random_scales
+from helpers.moe_reference import BF16, activation, random_routes
+
+TIERS = fk.isa_tiers()
+ACTIVATIONS = ["silu", "gelu", "gelu_tanh", "swigluoai", "swiglu_clamp"]
+
+
+def make_layer(rng: np.random.Generator, E: int, H: int, I: int) -> dict[str, np.ndarray]:
+    return {
+        "w13": random_fp4(rng, (E, 2 * I, H // 2)),
+        "w13_scale": random_scales(rng, (E, 2 * I, H // 32), 120, 123),
+        "w2": random_fp4(rng, (E, H, I // 2)),
+        "w2_scale": random_scales(rng, (E, H, I // 32), 120, 123),
+    }
+
+
+def reference(banks, x, ids, w, act, act_block, **opts):
+    """(y, scale, slack): the float64 layer with both fp8 round trips (ml_dtypes, fp32 as specified).
+
+    x is known exactly, so its round trip is exact here too. The intermediate h is not: the kernels
+    compute it in fp32, this in float64, and the e4m3 rounding of h is discontinuous, so an element
+    of h within a hair of a rounding midpoint (or a block whose amax / 448 is within a hair of a power
+    of two) may legitimately round the other way. `slack` bounds what that can change: each h is
+    round-tripped again after scaling by 1 -+ 1e-4 (far more than the fp32 error of h, ~1e-6
+    relative) and every element whose result moves contributes |W_down| * its move. Only the few
+    elements that close to a boundary get slack; a wrong rounding anywhere else fails.
+    """
+    w13 = dequant_fp4(banks["w13"], banks["w13_scale"])
+    w2 = dequant_fp4(banks["w2"], banks["w2_scale"])
+    I = w13.shape[1] // 2
+    xq = fp8_round_trip(x.astype(np.float32), act_block).astype(np.float64)
+    T, H = x.shape
+    y, scale, slack = np.zeros((T, H)), np.zeros((T, H)), np.zeros((T, H))
+    for t in range(T):
+        for r in range(ids.shape[1]):
+            e = int(ids[t, r])
+            if e < 0:
+                continue
+            h = activation(act, w13[e, :I] @ xq[t], w13[e, I:] @ xq[t], **opts).astype(np.float32)
+            hq = fp8_round_trip(h, act_block).astype(np.float64)
+            move = np.zeros(I)
+            for f in (1 - 1e-4, 1 + 1e-4):
+                alt = fp8_round_trip((h.astype(np.float64) * f).astype(np.float32), act_block)
+                move = np.maximum(move, np.abs(alt / f - hq))
+            wt = float(w[t, r])
+            y[t] += wt * (w2[e] @ hq)
+            scale[t] += abs(wt) * (np.abs(w2[e]) @ np.abs(hq))
+            slack[t] += abs(wt) * (np.abs(w2[e]) @ move)
+    return y, scale, slack
+
+
+def check(y, ref, scale, slack, what):
+    # Weights and both round-tripped vectors are exact in fp32 and bf16, so every product is exact
+    # on every tier: left are y's bf16 rounding (<= 2^-9 |y|; 2^-8 leaves a factor 2) and fp32
+    # accumulation (K * 2^-24 * scale ~ 2^-16 * scale for K <= 300; 2^-13 leaves a factor 8). One
+    # element of h off by one e4m3 ulp (2^-3 .. 2^-4 of itself) moves y by ~ 2^-4 * scale / I, above
+    # 2^-13 * scale for every I used here (<= 288).
+    assert_close(y, ref, 2.0**-8 * np.abs(ref) + 2.0**-13 * scale + slack + 1e-30, what)
+
+
+def run_layer(isa, banks, x, ids, w, E, I, act="silu", act_block=128, threads=2, opts=None):
+    T, H = x.shape
+    ex = fk.MoeExecutor(hidden=H, top_k=ids.shape[1], max_tokens=T, num_threads=threads, isa=isa)
+    options = {"act_block": float(act_block)} | (opts or {})
+    ex.add_layer(0, "ds_fp4", num_experts=E, intermediate=I, banks=banks, activation=act, options=options)
+    return ex.run(0, x, ids, w)
+
+
+# Rows of 1, 3, 5, 7, 9, 17 and 19 blocks of 32 hit every tail of the kernels (steps of 4 blocks,
+# scales 16 blocks at a time); with act_block 128 most have a short last activation block;
+# I = 160, 288, 544 split into full and partial pass-1 units of 128 rows.
+SHAPES = [(32, 96), (96, 32), (160, 160), (224, 64), (288, 288), (608, 160), (160, 544)]
+CASES = [("silu", 1), ("silu", 3), ("silu", 8)] + [(a, 3) for a in ACTIVATIONS[1:]]
+
+
+@pytest.mark.parametrize(("act", "T"), CASES)
+@pytest.mark.parametrize("isa", TIERS)
+def test_matches_float64_reference(isa: str, act: str, T: int) -> None:
+    case = [TIERS.index(isa), ACTIVATIONS.index(act), T]
+    rng = np.random.default_rng(case)
+    H, I = SHAPES[sum(case) % len(SHAPES)]
+    act_block = (32, 128)[sum(case) % 2]
+    E, top_k = 5, 4
+    banks = make_layer(rng, E, H, I)
+    opts = {"limit": 3.0} if act == "swiglu_clamp" else {}
+    # Spread magnitudes over blocks so that the per-block scales differ.
+    x = (2.0 * rng.standard_normal((T, H)) * np.exp2(rng.integers(-6, 4, (T, H // 32))).repeat(32, 1)).astype(
+        BF16
+    )
+    ids = random_routes(rng, T, top_k, E)
+    w = rng.random((T, top_k)).astype(np.float32)
+    y = run_layer(isa, banks, x, ids, w, E, I, act, act_block, opts=opts)
+    assert y.dtype == BF16 and y.shape == (T, H)
+    ref, scale, slack = reference(banks, x, ids, w, act, act_block, **opts)
+    check(y, ref, scale, slack, f"ds_fp4 {isa} act_block={act_block}")
+
+
+def identity_layer(N: int) -> dict[str, np.ndarray]:
+    """One expert, H = I = N: gate_i = xq_0, up_i = xq_i, y_j = hq_j (e2m1 code 2 = 1.0, scale 2^0)."""
+    w13 = np.zeros((1, 2 * N, N), np.uint8)  # one byte per element here, packed below
+    w13[0, :N, 0] = 2
+    w13[0, N + np.arange(N), np.arange(N)] = 2
+    w2 = np.zeros((1, N, N), np.uint8)
+    w2[0, np.arange(N), np.arange(N)] = 2
+
+    def pack(codes):
+        return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+
+    return {
+        "w13": pack(w13),
+        "w13_scale": np.full((1, 2 * N, N // 32), 127, np.uint8),
+        "w2": pack(w2),
+        "w2_scale": np.full((1, N, N // 32), 127, np.uint8),
+    }
+
+
+@pytest.mark.parametrize("act_block", [32, 128])
+@pytest.mark.parametrize("isa", TIERS)
+def test_round_trips_are_bit_exact(isa: str, act_block: int) -> None:
+    # With the identity-like layer, gate = xq_0 = 48 on every row (x_0 = 48 is block 0's amax, so
+    # its scale is 2^-3 and 48 / 2^-3 = 384 = 1.5 * 2^8 is exact in e4m3); silu(48) = 48 exactly in
+    # fp32 since exp(-48) < 2^-24; h = 48 * xq is exact in fp32 (<= 6 significant bits) and, not a
+    # power-of-two multiple of xq, really gets rounded again; y = hq exactly (one nonzero product per
+    # row, hq exact in bf16). So y must equal, bit for bit, the ml_dtypes round trip applied twice:
+    # a wrong rounding of any element of x or of h changes y.
+    N = 288  # 9 blocks of 32; with act_block 128: 128, 128, 32
+    rng = np.random.default_rng(act_block)
+    x = rng.standard_normal(N) * np.exp2(rng.uniform(-12, 6, N))
+    x[1:32] = np.clip(x[1:32], -47, 47)
+    x[0] = 48.0
+    x[32:64] = 0.0  # an all-zero block: the 1e-4 floor on amax
+    x[64:96] = rng.standard_normal(32) * 1e-6  # amax below the floor
+    # Block 3 (amax 56 = 448 / 8: scale exactly 2^-3, no rounding up): ties at x / s = 17, 19 (round to
+    # even: 16, 20), a tie in the subnormal range (2.5 * 2^-9 -> 2 * 2^-9), e4m3 subnormals, -0.
+    x[96:128] = rng.uniform(-50, 50, 32)
+    x[96:104] = [56.0, 17 / 8, 19 / 8, -2.5 * 2**-12, 3 * 2**-12, 2**-13, -0.0, 448 / 8 * 0.999]
+    # Wide dynamic range in one block: most elements fall in the e4m3 subnormal range.
+    x[128:160] = rng.standard_normal(32) * np.exp2(rng.uniform(-14, 0, 32))
+    x[128] = 300.0
+    x = x.astype(BF16)[None, :]
+    ids, w = np.zeros((1, 1), np.int32), np.ones((1, 1), np.float32)
+    y = run_layer(isa, identity_layer(N), x, ids, w, 1, N, act_block=act_block)
+    xq = fp8_round_trip(x.astype(np.float32), act_block)
+    assert xq[0, 0] == 48.0
+    expect = fp8_round_trip(np.float32(48.0) * xq, act_block)
+    np.testing.assert_array_equal(y.astype(np.float32), expect)
+    # The test has teeth: the second round trip really rounds, and the tie x[97] / s = 17 rounded
+    # away from zero (18) instead of to even (16) would show in y.
+    assert np.any(expect != 48 * xq)
+    assert xq[0, 97] == 2.0
+    away = xq.copy()
+    away[0, 97] = 2.25
+    assert fp8_round_trip(np.float32(48.0) * away, act_block)[0, 97] != expect[0, 97]
+
+
+@pytest.mark.parametrize("isa", TIERS)
+def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
+    rng = np.random.default_rng(3)
+    E, H, I, top_k, T = 8, 608, 544, 4, 8
+    banks = make_layer(rng, E, H, I)
+    x = rng.standard_normal((T, H)).astype(BF16)
+    ids = random_routes(rng, T, top_k, E)
+    w = rng.random((T, top_k)).astype(np.float32)
+    outs = [run_layer(isa, banks, x, ids, w, E, I, threads=n).view(np.uint16).copy() for n in (1, 2, 3, 5)]
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+
+
+H0, I0, E0 = 64, 32, 2
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (
+            lambda b, kw: b.update(w13=np.zeros((E0, 2 * I0, H0 // 2 + 1), np.uint8)),
+            r"layer 0 \(ds_fp4\): bank 'w13' has 4224 bytes; expected 4096 bytes \(\[2, 64, 32\] u8\)",
+        ),
+        (
+            lambda b, kw: b.update(w13_scale=np.zeros((E0, 2 * I0, H0 // 32), np.float32)),
+            r"bank 'w13_scale' has dtype float32; expected \[2, 64, 2\] u8",
+        ),
+        (lambda b, kw: b.pop("w2_scale"), r"missing bank 'w2_scale'; expected \[2, 64, 1\] u8"),
+        (lambda b, kw: b.pop("w2"), r"missing bank 'w2'; expected \[2, 64, 16\] u8"),
+        (
+            lambda b, kw: b.update(w2_bias=np.zeros((E0, H0), BF16)),
+            r"bank 'w2_bias' is not used by this format",
+        ),
+        (lambda b, kw: kw.update(options={}), r"missing option 'act_block' \(elements per fp8 activation"),
+        (lambda b, kw: kw.update(options={"act_block": 64.0}), r"option act_block=64.* must be 32 or 128"),
+        (lambda b, kw: kw["options"].update(alpha=1.0), r"option 'alpha' is not used"),
+        (
+            lambda b, kw: kw.update(router_weight_on_input=True),
+            r"layer 0 \(ds_fp4\): router_weight_on_input=True is not supported",
+        ),
+        (lambda b, kw: kw.update(intermediate=48), r"intermediate=48 must be multiples of 32"),
+    ],
+)
+def test_add_layer_errors_name_the_bank_and_shape(change, match: str) -> None:
+    ex = fk.MoeExecutor(hidden=H0, top_k=2, max_tokens=4)
+    banks = make_layer(np.random.default_rng(0), E0, H0, I0)
+    kw = {"options": {"act_block": 32.0}, "router_weight_on_input": False, "intermediate": I0}
+    change(banks, kw)
+    with pytest.raises(ValueError, match=match):
+        ex.add_layer(0, "ds_fp4", num_experts=E0, banks=banks, **kw)
+    assert ex.layers == []

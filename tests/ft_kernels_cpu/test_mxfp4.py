@@ -1,0 +1,210 @@
+"""mxfp4 (gpt-oss layout) against a float64 reference built from ml_dtypes, on every tier and activation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ft_kernels_cpu as fk
+from helpers.fp4_reference import assert_close, dequant_fp4, random_fp4, random_scales
+from helpers.moe_reference import BF16, moe_reference, random_routes
+
+TIERS = fk.isa_tiers()
+ACTIVATIONS = ["silu", "gelu", "gelu_tanh", "swigluoai", "swiglu_clamp"]
+
+
+def make_layer(rng: np.random.Generator, E: int, H: int, I: int, bias: bool = True) -> dict[str, np.ndarray]:
+    # Scales 2^-7 .. 2^-4: with |e2m1| up to 6 and x ~ 2 N(0, 1) the gate/up values are O(1).
+    banks = {
+        "w13": random_fp4(rng, (E, 2 * I, H // 32, 16)),
+        "w13_scale": random_scales(rng, (E, 2 * I, H // 32), 120, 123),
+        "w2": random_fp4(rng, (E, H, I // 32, 16)),
+        "w2_scale": random_scales(rng, (E, H, I // 32), 120, 123),
+    }
+    if bias:
+        banks["w13_bias"] = (0.1 * rng.standard_normal((E, 2 * I))).astype(BF16)
+        banks["w2_bias"] = (0.1 * rng.standard_normal((E, H))).astype(BF16)
+    return banks
+
+
+def reference(banks, x, ids, w, act, **opts):
+    w13 = dequant_fp4(banks["w13"], banks["w13_scale"])  # [E, 2I, H], rows interleaved gate/up
+    w2 = dequant_fp4(banks["w2"], banks["w2_scale"])
+    b13 = banks.get("w13_bias")
+    return moe_reference(
+        x,
+        ids,
+        w,
+        w13[:, 0::2],
+        w13[:, 1::2],
+        w2,
+        act,
+        b_gate=None if b13 is None else b13[:, 0::2].astype(np.float64),
+        b_up=None if b13 is None else b13[:, 1::2].astype(np.float64),
+        b_down=None if "w2_bias" not in banks else banks["w2_bias"].astype(np.float64),
+        **opts,
+    )
+
+
+def check(y: np.ndarray, ref: np.ndarray, scale: np.ndarray, isa: str) -> None:
+    # The dequantized weights are exact in fp32 (and in bf16), so every product is exact; what is
+    # left: y rounded to bf16 (<= 2^-9 relative; 2^-8 leaves a factor 2), fp32 accumulation
+    # (K * 2^-24 * scale << 2^-11 * scale for K <= 300), and on avx512_bf16 the intermediate rounded
+    # to bf16 before the down projection (each term off by <= 2^-9 relative: <= 2^-9 * scale).
+    c = 2.0**-8 if isa == "avx512_bf16" else 2.0**-11
+    assert_close(y, ref, 2.0**-8 * np.abs(ref) + c * scale + 1e-30, f"mxfp4 {isa}")
+
+
+def run_layer(isa, banks, x, ids, w, E, I, act="silu", threads=2, opts=None):
+    T, H = x.shape
+    ex = fk.MoeExecutor(hidden=H, top_k=ids.shape[1], max_tokens=T, num_threads=threads, isa=isa)
+    ex.add_layer(0, "mxfp4", num_experts=E, intermediate=I, banks=banks, activation=act, options=opts or {})
+    return ex.run(0, x, ids, w)
+
+
+# Rows of 1, 3, 5, 7, 9, 17 and 19 blocks of 32 hit every tail of the kernels (steps of 4 blocks,
+# scales 16 blocks at a time); I = 160, 544 split into full and partial pass-1 units of 128 rows.
+SHAPES = [(32, 96), (96, 32), (160, 160), (224, 64), (288, 96), (608, 160), (160, 544)]
+
+
+# silu at every batch size, the other activations at batch 3 and swigluoai (gpt-oss's) at 8 too.
+CASES = [("silu", 1), ("silu", 3), ("silu", 8), ("swigluoai", 8)] + [(a, 3) for a in ACTIVATIONS[1:]]
+
+
+@pytest.mark.parametrize(("act", "T"), CASES)
+@pytest.mark.parametrize("isa", TIERS)
+def test_matches_float64_reference(isa: str, act: str, T: int) -> None:
+    case = [TIERS.index(isa), ACTIVATIONS.index(act), T]
+    rng = np.random.default_rng(case)
+    H, I = SHAPES[sum(case) % len(SHAPES)]
+    E, top_k = 5, 4
+    banks = make_layer(rng, E, H, I, bias=T != 1)
+    opts = {"limit": 3.0} if act == "swiglu_clamp" else {}
+    x = (2.0 * rng.standard_normal((T, H))).astype(BF16)
+    ids = random_routes(rng, T, top_k, E)
+    w = rng.random((T, top_k)).astype(np.float32)
+    y = run_layer(isa, banks, x, ids, w, E, I, act, opts=opts)
+    assert y.dtype == BF16 and y.shape == (T, H)
+    ref, scale = reference(banks, x, ids, w, act, **opts)
+    check(y, ref, scale, isa)
+
+
+@pytest.mark.parametrize("isa", TIERS)
+def test_swigluoai_options_and_gate_up_interleave(isa: str) -> None:
+    rng = np.random.default_rng(17)
+    E, H, I, top_k, T = 3, 64, 64, 2, 3
+    banks = make_layer(rng, E, H, I)
+    x = (3.0 * rng.standard_normal((T, H))).astype(BF16)
+    ids = random_routes(rng, T, top_k, E)
+    w = rng.random((T, top_k)).astype(np.float32)
+    opts = {"alpha": 1.5, "limit": 2.0}
+    y = run_layer(isa, banks, x, ids, w, E, I, "swigluoai", opts=opts)
+    ref, scale = reference(banks, x, ids, w, "swigluoai", **opts)
+    check(y, ref, scale, isa)
+    # Reading the rows as [gate; up] halves instead of interleaved must give a different answer.
+    w13 = dequant_fp4(banks["w13"], banks["w13_scale"])
+    wrong, _ = moe_reference(x, ids, w, w13[:, :I], w13[:, I:], dequant_fp4(banks["w2"], banks["w2_scale"]))
+    assert np.abs(wrong - ref).max() > 10 * np.abs(y.astype(np.float64) - ref).max()
+
+
+@pytest.mark.parametrize("isa", TIERS)
+def test_extreme_e8m0_scales_and_every_e2m1_code(isa: str) -> None:
+    # gate_i = 6 (code 7), up_i = 1 (code 2), so h = silu(6) on every row; down row j holds codes
+    # 2j % 16 and (2j + 1) % 16, scaled by 2^(s - 127) from the denormal-fp32 end (s = 0, 1) up.
+    H, I, E = 32, 32, 1
+    x = np.ones((1, H), BF16)
+    ids = np.zeros((1, 1), np.int32)
+    w = np.ones((1, 1), np.float32)
+    for s in (0, 1, 60, 127, 150, 200):
+        banks = {
+            "w13": np.zeros((E, 2 * I, 1, 16), np.uint8),
+            "w13_scale": np.full((E, 2 * I, 1), 127, np.uint8),
+            "w2": np.zeros((E, H, 1, 16), np.uint8),
+            "w2_scale": np.full((E, H, 1), s, np.uint8),
+        }
+        banks["w13"][0, 0::2, 0, 0] = 0x07
+        banks["w13"][0, 1::2, 0, 0] = 0x02
+        j = np.arange(H)
+        banks["w2"][0, :, 0, 0] = ((2 * j) % 16) | (((2 * j + 1) % 16) << 4)
+        y = run_layer(isa, banks, x, ids, w, E, I)
+        ref, scale = reference(banks, x, ids, w, "silu")
+        check(y, ref, scale, isa)
+
+
+@pytest.mark.parametrize("isa", TIERS)
+def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
+    rng = np.random.default_rng(3)
+    E, H, I, top_k, T = 8, 608, 544, 4, 8
+    banks = make_layer(rng, E, H, I)
+    x = rng.standard_normal((T, H)).astype(BF16)
+    ids = random_routes(rng, T, top_k, E)
+    w = rng.random((T, top_k)).astype(np.float32)
+    outs = [run_layer(isa, banks, x, ids, w, E, I, threads=n).view(np.uint16).copy() for n in (1, 2, 3, 5)]
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+
+
+def test_prefetch_never_changes_results() -> None:
+    rng = np.random.default_rng(4)
+    E, H, I, top_k, T = 4, 160, 96, 2, 3
+    banks = make_layer(rng, E, H, I)
+    x = rng.standard_normal((T, H)).astype(BF16)
+    ids = random_routes(rng, T, top_k, E)
+    w = rng.random((T, top_k)).astype(np.float32)
+    outs = []
+    for pf in (0, 64, 8192):
+        ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T, prefetch_bytes=pf)
+        ex.add_layer(0, "mxfp4", num_experts=E, intermediate=I, banks=banks)
+        outs.append(ex.run(0, x, ids, w).view(np.uint16).copy())
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+
+
+H0, I0, E0 = 64, 32, 2
+
+
+def _banks() -> dict[str, np.ndarray]:
+    return make_layer(np.random.default_rng(0), E0, H0, I0)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (
+            lambda b, kw: b.update(w13=np.zeros((E0, 2 * I0, H0 // 32, 15), np.uint8)),
+            r"layer 0 \(mxfp4\): bank 'w13' has 3840 bytes; expected 4096 bytes \(\[2, 64, 2, 16\] u8\)",
+        ),
+        (
+            lambda b, kw: b.update(w2_scale=np.zeros((E0, H0, I0 // 32), np.float32)),
+            r"bank 'w2_scale' has dtype float32; expected \[2, 64, 1\] u8",
+        ),
+        (
+            lambda b, kw: b.update(w13_bias=np.zeros((E0, 2 * I0), np.float32)),
+            r"bank 'w13_bias' has dtype float32; expected \[2, 64\] bf16",
+        ),
+        (lambda b, kw: b.pop("w13_scale"), r"missing bank 'w13_scale'; expected \[2, 64, 2\] u8"),
+        (lambda b, kw: b.pop("w2"), r"missing bank 'w2'; expected \[2, 64, 1, 16\] u8"),
+        (lambda b, kw: b.update(w2_scales=b["w2_scale"]), r"bank 'w2_scales' is not used by this format"),
+        (lambda b, kw: kw.update(options={"act_block": 32.0}), r"option 'act_block' is not used"),
+        (
+            lambda b, kw: kw.update(router_weight_on_input=True),
+            r"layer 0 \(mxfp4\): router_weight_on_input=True is not supported",
+        ),
+        (lambda b, kw: kw.update(intermediate=40), r"intermediate=40 must be multiples of 32"),
+    ],
+)
+def test_add_layer_errors_name_the_bank_and_shape(change, match: str) -> None:
+    ex = fk.MoeExecutor(hidden=H0, top_k=2, max_tokens=4)
+    banks = _banks()
+    kw = {"options": {}, "router_weight_on_input": False, "intermediate": I0}
+    change(banks, kw)
+    with pytest.raises(ValueError, match=match):
+        ex.add_layer(0, "mxfp4", num_experts=E0, banks=banks, **kw)
+    assert ex.layers == []
+
+
+def test_hidden_must_be_a_multiple_of_32() -> None:
+    ex = fk.MoeExecutor(hidden=48, top_k=1, max_tokens=1)
+    with pytest.raises(ValueError, match=r"hidden=48 and intermediate=32 must be multiples of 32"):
+        banks = make_layer(np.random.default_rng(0), 1, 64, 32)
+        ex.add_layer(0, "mxfp4", num_experts=1, intermediate=32, banks=banks)
