@@ -301,8 +301,8 @@ class Fp8BlockFormat final : public MoeFormat {
                       : static_cast<const void*>(in.x_f32 + tokens[j] * H);
     }
     const int rows = i1 - i0, K = p_.hidden;
-    fp8_rows(p_.isa, base + i0 * H, i0, rows, sg, B_, xs, n, K, gate, stride, p_.prefetch);
-    fp8_rows(p_.isa, base + (I + i0) * H, i0, rows, su, B_, xs, n, K, up, stride, p_.prefetch);
+    fp8_rows(p_.isa, base + i0 * H, i0, rows, sg, B_, xs, n, K, gate, stride, pf_);
+    fp8_rows(p_.isa, base + (I + i0) * H, i0, rows, su, B_, xs, n, K, up, stride, pf_);
     const float* bg = b13_ ? b13_ + static_cast<size_t>(e) * 2 * I + i0 : nullptr;
     for (int j = 0; j < n; ++j) {
       float* g = gate + j * stride;
@@ -333,7 +333,7 @@ class Fp8BlockFormat final : public MoeFormat {
     const float* s = s2_ + static_cast<size_t>(e) * nbH_ * nbI_;
     const void* hs[fp8nv::kMaxVectors];
     for (int j = 0; j < n; ++j) hs[j] = bf16x() ? routes[j].h_prepped : static_cast<const void*>(routes[j].h);
-    fp8_rows(p_.isa, w, h0, rows, s, B_, hs, n, p_.intermediate, out, stride, p_.prefetch);
+    fp8_rows(p_.isa, w, h0, rows, s, B_, hs, n, p_.intermediate, out, stride, pf_);
     if (b2_) {
       const float* b = b2_ + static_cast<size_t>(e) * H + h0;
       for (int j = 0; j < n; ++j) {
@@ -347,6 +347,7 @@ class Fp8BlockFormat final : public MoeFormat {
   bool bf16x() const { return p_.isa == Isa::avx512_bf16; }
 
   MoeParams p_;
+  int pf_ = fp8nv::prefetch_distance(p_.prefetch, p_.prefetch_explicit);  // after p_ (declaration order)
   int B_;
   int nbH_ = 0, nbI_ = 0;
   const uint8_t* w13_;

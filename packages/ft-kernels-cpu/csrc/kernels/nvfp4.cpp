@@ -364,9 +364,9 @@ class Nvfp4Format final : public MoeFormat {
     }
     const int rows = i1 - i0, K = p_.hidden;
     nvfp4_rows(p_.isa, w13_ + row_g * (H / 2), s13_ + row_g * (H / 16), g13_ + row_g, rows, xs, n, K, gate, stride,
-               p_.prefetch);
+               pf_);
     nvfp4_rows(p_.isa, w13_ + row_u * (H / 2), s13_ + row_u * (H / 16), g13_ + row_u, rows, xs, n, K, up, stride,
-               p_.prefetch);
+               pf_);
     const float* bg = b13_ ? b13_ + row_g : nullptr;
     for (int j = 0; j < n; ++j) {
       float* g = gate + j * stride;
@@ -409,7 +409,7 @@ class Nvfp4Format final : public MoeFormat {
     const void* hs[fp8nv::kMaxVectors];
     for (int j = 0; j < n; ++j) hs[j] = permuted() ? routes[j].h_prepped : static_cast<const void*>(routes[j].h);
     nvfp4_rows(p_.isa, w2_ + row * (I / 2), s2_ + row * (I / 16), g2_ + row, rows, hs, n, p_.intermediate, out,
-               stride, p_.prefetch);
+               stride, pf_);
     if (b2_) {
       for (int j = 0; j < n; ++j) {
         for (int i = 0; i < rows; ++i) out[j * stride + i] += b2_[row + i];
@@ -423,6 +423,7 @@ class Nvfp4Format final : public MoeFormat {
   bool vnni() const { return p_.isa == Isa::avx512_bf16; }
 
   MoeParams p_;
+  int pf_ = fp8nv::prefetch_distance(p_.prefetch, p_.prefetch_explicit);  // after p_ (declaration order)
   const uint8_t* w13_;
   const uint8_t* s13_;
   const float* g13_;
