@@ -163,8 +163,16 @@ FT_TARGET_AVX512_BF16 void fp8_row_bf16x(const uint8_t* w, const float* S, int B
     const int n = std::min(B, K - c0);
     const uint8_t* wb = w + c0;
     pf.ahead_range(wb, n);
-    __m512 ae[N], ao[N];
-    for (int j = 0; j < N; ++j) ae[j] = ao[j] = _mm512_setzero_ps();
+    // Two accumulators per vector (even, odd words) while there are few vectors; one beyond 2, where
+    // the vectors alone keep the VDPBF16PS units busy and 32 registers would not hold them all.
+    constexpr int NO = N <= 2 ? N : 1;
+    __m512 ae[N], ao[NO];
+    for (int j = 0; j < N; ++j) ae[j] = _mm512_setzero_ps();
+    for (int j = 0; j < NO; ++j) ao[j] = _mm512_setzero_ps();
+    auto odd = [&](int j) -> __m512& {
+      if constexpr (N <= 2) return ao[j];
+      return ae[j];
+    };
     for (int q = 0; q < n; q += 64) {
       const int L = std::min(64, n - q);
       __m512i we, wo;
@@ -173,7 +181,7 @@ FT_TARGET_AVX512_BF16 void fp8_row_bf16x(const uint8_t* w, const float* S, int B
         for (int j = 0; j < N; ++j) {
           const uint16_t* xc = xs[j] + static_cast<size_t>(c) * CB + q;
           ae[j] = _mm512_dpbf16_ps(ae[j], (__m512bh)we, (__m512bh)_mm512_loadu_si512(xc));
-          ao[j] = _mm512_dpbf16_ps(ao[j], (__m512bh)wo, (__m512bh)_mm512_loadu_si512(xc + 32));
+          odd(j) = _mm512_dpbf16_ps(odd(j), (__m512bh)wo, (__m512bh)_mm512_loadu_si512(xc + 32));
         }
       } else {
         const __mmask64 valid = (1ull << L) - 1;
@@ -182,12 +190,14 @@ FT_TARGET_AVX512_BF16 void fp8_row_bf16x(const uint8_t* w, const float* S, int B
         for (int j = 0; j < N; ++j) {
           const uint16_t* xc = xs[j] + static_cast<size_t>(c) * CB + q;
           ae[j] = _mm512_dpbf16_ps(ae[j], (__m512bh)we, (__m512bh)_mm512_maskz_loadu_epi16(me, xc));
-          ao[j] = _mm512_dpbf16_ps(ao[j], (__m512bh)wo, (__m512bh)_mm512_maskz_loadu_epi16(mo, xc + 32));
+          odd(j) = _mm512_dpbf16_ps(odd(j), (__m512bh)wo, (__m512bh)_mm512_maskz_loadu_epi16(mo, xc + 32));
         }
       }
     }
     const __m512 s = _mm512_set1_ps(S[c]);
-    for (int j = 0; j < N; ++j) tot[j] = _mm512_fmadd_ps(_mm512_add_ps(ae[j], ao[j]), s, tot[j]);
+    for (int j = 0; j < N; ++j) {
+      tot[j] = _mm512_fmadd_ps(N <= 2 ? _mm512_add_ps(ae[j], ao[j % NO]) : ae[j], s, tot[j]);  // NO == N there
+    }
   }
   for (int j = 0; j < N; ++j) out[j * os] = _mm512_reduce_add_ps(tot[j]) * kBf16Unscale;
 }
