@@ -20,11 +20,12 @@
 //  - avx2, avx512: fp32 x, each chunk of 32 elements (16 for a last one) as its evens then its odds;
 //    e2m1 values widened to fp32 and FMA'd, group scales applied per group.
 //  - avx512_bf16 (with AVX512-VNNI): an int8-activation path (W4A8). x and the intermediate are
-//    quantized to int8 per group of 16 (scale amax/127, round to nearest); per 128 elements the
-//    nibbles become 2*e2m1 + 12 (unsigned 0..24) by VPSHUFB, VPDPBUSD sums them against the int8
-//    values, the +12 offset is taken out by starting each lane at -12 * (its x sum), precomputed
-//    with x; then one int -> fp32 conversion and the product of the weight group scale and the x
-//    group scale per group.
+//    quantized to int8 per group of 16 (scale amax/127, round to nearest); per 256 elements the
+//    weight bytes are regrouped by dword so that a VNNI lane holds one group, the nibbles become
+//    2*e2m1 + 12 (unsigned 0..24) by VPSHUFB, four VPDPBUSD sum them against the int8 values
+//    exactly, the +12 offset is taken out by starting each lane at -12 * (its group's x sum),
+//    precomputed with x; then per group one int -> fp32 conversion and the product of the weight
+//    and x group scales (details at kVnniBlockBytes).
 // The batched hooks decode each weight chunk once and multiply it into up to 8 vectors.
 #include <algorithm>
 #include <cmath>
