@@ -77,8 +77,12 @@ def assert_close_to_reference(y: np.ndarray, ref: np.ndarray, scale: np.ndarray,
     # The weights are exact in fp32 (an e4m3 value times an f32 scale is applied as a per-block sum
     # times the scale, all fp32), so every tier only adds fp32 accumulation error (K * 2^-24 relative
     # to the magnitude sum, far below 2^-11 for these K) and the bf16 rounding of y (<= 2^-9
-    # relative; 2^-8 leaves a factor 2).
-    bound = 2.0**-8 * np.abs(ref) + 2.0**-11 * scale + 1e-30
+    # relative; 2^-8 leaves a factor 2). The avx512_bf16 tier multiplies with VDPBF16PS: the weights
+    # are exact in bf16 (e4m3 fits its 8-bit exponent and 7-bit mantissa) and so is x, but the
+    # intermediate is rounded to bf16 before the down projection: each term off by <= 2^-9 relative,
+    # the sum by <= 2^-9 * scale (2^-8 leaves a factor 2), as in the bf16 format.
+    c = 2.0**-8 if isa == "avx512_bf16" else 2.0**-11
+    bound = 2.0**-8 * np.abs(ref) + c * scale + 1e-30
     err = np.abs(y.astype(np.float64) - ref)
     worst = np.unravel_index(np.argmax(err / bound), err.shape)
     assert np.all(err <= bound), (
@@ -176,6 +180,47 @@ def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
         outs.append(ex.run(0, x, ids, w).view(np.uint16).copy())
     for o in outs[1:]:
         np.testing.assert_array_equal(o, outs[0])
+
+
+@pytest.mark.parametrize("isa", TIERS)
+def test_zero_and_subnormal_codes(isa: str) -> None:
+    # Only codes with exponent 0 or 1 (both zeros, the subnormals m * 2^-9, the smallest normals),
+    # scaled up to O(1) dot products: a wrong subnormal decode (the bf16 tier's fix-up path) shows at
+    # full size here, where among all codes they would hide under the large ones. A last chunk of
+    # 64 and blocks of 48 put fix-ups in masked tails too.
+    rng = np.random.default_rng(17)
+    E, H, I, top_k, T, B = 3, 200, 100, 2, 3, 48
+    banks = make_layer(rng, E, H, I, B)
+    for name in ("w13", "w2"):
+        banks[name] = (
+            rng.integers(0, 16, banks[name].shape) | (rng.integers(0, 2, banks[name].shape) << 7)
+        ).astype(np.uint8)
+        banks[name + "_scale"] *= np.float32(2.0**12)  # |codes| <= 15/8 * 2^-6 instead of ~110
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=4, num_threads=2, isa=isa)
+    ex.add_layer(0, "fp8_block", num_experts=E, intermediate=I, banks=banks, options={"block_size": B})
+    x = rng.standard_normal((T, H)).astype(BF16)
+    ids = random_routes(rng, T, top_k, E)
+    w = rng.random((T, top_k)).astype(np.float32)
+    ref, scale = reference(banks, x, ids, w, I, B, "silu")
+    assert np.abs(ref).max() > 0.1
+    assert_close_to_reference(ex.run(0, x, ids, w), ref, scale, isa)
+
+
+@pytest.mark.parametrize("isa", TIERS)
+def test_many_tokens_on_few_experts(isa: str) -> None:
+    # 8 tokens x 6 routes on 2 experts: the batched kernels take chunks of up to 8 routes per expert
+    # (the last chunk shorter), over full 64-element chunks and tails.
+    rng = np.random.default_rng(13)
+    E, H, I, top_k, T, B = 2, 300, 136, 6, 8, 128
+    banks = make_layer(rng, E, H, I, B, bias=True)
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T, num_threads=2, isa=isa)
+    ex.add_layer(0, "fp8_block", num_experts=E, intermediate=I, banks=banks, activation="gelu")
+    x = rng.standard_normal((T, H)).astype(BF16)
+    ids = rng.integers(0, E, (T, top_k)).astype(np.int32)
+    ids[2, 3] = -1
+    w = rng.random((T, top_k)).astype(np.float32)
+    ref, scale = reference(banks, x, ids, w, I, B, "gelu")
+    assert_close_to_reference(ex.run(0, x, ids, w), ref, scale, isa)
 
 
 E_, H_, I_ = 4, 64, 40  # errors: nb(I) = 1 at B=128, 3 at B=16

@@ -10,9 +10,14 @@
 //   w13_bias   [E, 2I]                   f32  optional
 //   w2_bias    [E, H]                    f32  optional
 //
-// Kernels: one row at a time in address order (see bf16.cpp). Per column block the fp8 x fp32
-// products are summed in fp32 vectors, then scaled by the block's scale into a running total.
-// Decoding is in registers (fp8nv_common.h: byte -> fp16 fields -> VCVTPH2PS).
+// Kernels: one row at a time in address order (see bf16.cpp). Per column block the products are
+// summed in fp32 vectors, then scaled by the block's scale into a running total. Decoding is in
+// registers:
+//  - avx2, avx512: byte -> fp16 fields -> VCVTPH2PS (fp8nv_common.h), FMA with fp32 x.
+//  - avx512_bf16: 64 bytes -> 2 x 32 bf16 words by shifts and one VPTERNLOG each (exact: e4m3 fits
+//    bf16), VDPBF16PS with bf16 x and the intermediate rounded to bf16, both in even/odd order per
+//    64 elements (prep_input / prep_inter). Exponent-0 codes (zeros, subnormals) take a fix-up.
+// The batched hooks decode each weight chunk once and multiply it into up to 8 vectors.
 #include <algorithm>
 #include <cmath>
 
@@ -40,81 +45,178 @@ float fp8_row_scalar(const uint8_t* w, const float* S, int B, const float* x, in
 
 #if FT_X86
 
-FT_TARGET_AVX2 float fp8_row_avx2(const uint8_t* w, const float* S, int B, const float* x, int K,
-                                  const Prefetch& pf) {
-  __m256 tot = _mm256_setzero_ps();
+// Rows with N fp32 vectors: per column block the fp8 x fp32 products are summed in fp32 vectors (each
+// 16 weights decoded once for all vectors), then scaled by the block's scale into a running total.
+template <int N>
+FT_TARGET_AVX2 void fp8_row_avx2(const uint8_t* w, const float* S, int B, const float* const* xs, int K, float* out,
+                                 int os, const Prefetch& pf) {
   const float* lut = fp8nv::e4m3_table().v;
+  __m256 tot[N];
+  for (int j = 0; j < N; ++j) tot[j] = _mm256_setzero_ps();
   for (int c0 = 0, c = 0; c0 < K; c0 += B, ++c) {
     const int n = std::min(B, K - c0);
     const uint8_t* wb = w + c0;
-    const float* xb = x + c0;
     pf.ahead_range(wb, n);
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m256 a0[N], a1[N];
+    for (int j = 0; j < N; ++j) a0[j] = a1[j] = _mm256_setzero_ps();
     int k = 0;
-    for (; k + 32 <= n; k += 32) {
-      __m256 w0, w1, w2, w3;
-      fp8nv::e4m3x16_avx2(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + k)), w0, w1);
-      fp8nv::e4m3x16_avx2(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + k + 16)), w2, w3);
-      a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xb + k), a0);
-      a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + k + 8), a1);
-      a2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + k + 16), a2);
-      a3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + k + 24), a3);
-    }
     for (; k + 16 <= n; k += 16) {
       __m256 w0, w1;
       fp8nv::e4m3x16_avx2(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + k)), w0, w1);
-      a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xb + k), a0);
-      a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + k + 8), a1);
+      for (int j = 0; j < N; ++j) {
+        const float* xb = xs[j] + c0 + k;
+        a0[j] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xb), a0[j]);
+        a1[j] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), a1[j]);
+      }
     }
-    __m256 a = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-    if (k < n) {
-      float r = 0.f;
-      for (; k < n; ++k) r += lut[wb[k]] * xb[k];
-      // The vector part carries the 2^-8 of the fp16 decode; bring the remainder to the same scale.
-      a = _mm256_add_ps(a, _mm256_setr_ps(r / fp8nv::kE4m3Fp16Unscale, 0, 0, 0, 0, 0, 0, 0));
+    const __m256 s = _mm256_set1_ps(S[c]);
+    for (int j = 0; j < N; ++j) {
+      __m256 a = _mm256_add_ps(a0[j], a1[j]);
+      if (k < n) {
+        float r = 0.f;
+        for (int i = k; i < n; ++i) r += lut[wb[i]] * xs[j][c0 + i];
+        // The vector part carries the 2^-8 of the fp16 decode; bring the remainder to the same scale.
+        a = _mm256_add_ps(a, _mm256_setr_ps(r / fp8nv::kE4m3Fp16Unscale, 0, 0, 0, 0, 0, 0, 0));
+      }
+      tot[j] = _mm256_fmadd_ps(a, s, tot[j]);
     }
-    tot = _mm256_fmadd_ps(a, _mm256_set1_ps(S[c]), tot);
   }
-  return fp8nv::hsum8(tot) * fp8nv::kE4m3Fp16Unscale;
+  for (int j = 0; j < N; ++j) out[j * os] = fp8nv::hsum8(tot[j]) * fp8nv::kE4m3Fp16Unscale;
 }
 
-FT_TARGET_AVX512 float fp8_row_avx512(const uint8_t* w, const float* S, int B, const float* x, int K,
-                                     const Prefetch& pf) {
-  __m512 tot = _mm512_setzero_ps();
+template <int N>
+FT_TARGET_AVX512 void fp8_row_avx512(const uint8_t* w, const float* S, int B, const float* const* xs, int K,
+                                     float* out, int os, const Prefetch& pf) {
+  __m512 tot[N];
+  for (int j = 0; j < N; ++j) tot[j] = _mm512_setzero_ps();
   for (int c0 = 0, c = 0; c0 < K; c0 += B, ++c) {
     const int n = std::min(B, K - c0);
     const uint8_t* wb = w + c0;
-    const float* xb = x + c0;
     pf.ahead_range(wb, n);
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m512 a0[N], a1[N];
+    for (int j = 0; j < N; ++j) a0[j] = a1[j] = _mm512_setzero_ps();
     int k = 0;
-    for (; k + 64 <= n; k += 64) {
-      __m512 w0, w1, w2, w3;
+    for (; k + 32 <= n; k += 32) {
+      __m512 w0, w1;
       fp8nv::e4m3x32_avx512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + k)), w0, w1);
-      fp8nv::e4m3x32_avx512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + k + 32)), w2, w3);
-      a0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xb + k), a0);
-      a1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xb + k + 16), a1);
-      a2 = _mm512_fmadd_ps(w2, _mm512_loadu_ps(xb + k + 32), a2);
-      a3 = _mm512_fmadd_ps(w3, _mm512_loadu_ps(xb + k + 48), a3);
+      for (int j = 0; j < N; ++j) {
+        const float* xb = xs[j] + c0 + k;
+        a0[j] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xb), a0[j]);
+        a1[j] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xb + 16), a1[j]);
+      }
     }
     for (; k < n; k += 16) {
       const int r = std::min(16, n - k);
       const __mmask16 m = static_cast<__mmask16>((1u << r) - 1u);
       const __m512 wv = fp8nv::e4m3x16_avx512(_mm_maskz_loadu_epi8(m, wb + k));
-      a0 = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, xb + k), a0);
+      for (int j = 0; j < N; ++j) a0[j] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, xs[j] + c0 + k), a0[j]);
     }
-    const __m512 a = _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3));
-    tot = _mm512_fmadd_ps(a, _mm512_set1_ps(S[c]), tot);
+    const __m512 s = _mm512_set1_ps(S[c]);
+    for (int j = 0; j < N; ++j) tot[j] = _mm512_fmadd_ps(_mm512_add_ps(a0[j], a1[j]), s, tot[j]);
   }
-  return _mm512_reduce_add_ps(tot) * fp8nv::kE4m3Fp16Unscale;
+  for (int j = 0; j < N; ++j) out[j * os] = _mm512_reduce_add_ps(tot[j]) * fp8nv::kE4m3Fp16Unscale;
+}
+
+// e4m3 -> bf16 for the VDPBF16PS tier, 64 bytes at a time read as 32 words: the even elements (low
+// bytes) and the odd ones (high bytes) each become 32 bf16 words. A byte s eeee mmm moved so that s
+// is bit 15, eeee bits 10..7 and mmm bits 6..4 (an arithmetic shift of the byte at the top of the
+// word by 4; bits 14..11 then copy s and are cleared), with bit 14 set: bf16 exponent field 128 + e,
+// i.e. the e4m3 value times 2^(128 - 127 - (-7)) = 2^8, exactly, for every normal code (one VPTERNLOG
+// clears and sets). Codes with exponent 0 (zeros and subnormals, m * 2^-9) are wrong that way; a
+// chunk that holds any takes a fix-up: their bf16 (m / 2, the value times 2^8) from a VPERMW table
+// indexed by m, then the sign.
+constexpr float kBf16Unscale = 1.f / 256.f;
+
+FT_TARGET_AVX512_BF16 inline __m512i e4m3_sub_bf16_lut() {
+  // bf16 of m / 2 for m = 0..7 in words 0..7 (the rest unused).
+  return _mm512_setr_epi32(0x3F000000, 0x3FC03F80, 0x40204000, 0x40604040, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+}
+
+FT_TARGET_AVX512_BF16 inline void e4m3x64_bf16(__m512i b, __mmask64 valid, __m512i& we, __m512i& wo) {
+  const __m512i keep = _mm512_set1_epi16(static_cast<short>(0x87F0)), e128 = _mm512_set1_epi16(0x4000);
+  const __m512i te = _mm512_srai_epi16(_mm512_slli_epi16(b, 8), 4);
+  const __m512i to = _mm512_srai_epi16(b, 4);
+  we = _mm512_ternarylogic_epi32(te, keep, e128, 0xEA);  // (A & B) | C
+  wo = _mm512_ternarylogic_epi32(to, keep, e128, 0xEA);
+  const __mmask64 sub = _mm512_mask_testn_epi8_mask(valid, b, _mm512_set1_epi8(0x78));
+  if (sub) {  // rare in real checkpoints (values under 2^-6 of a code's range)
+    const __m512i lut = e4m3_sub_bf16_lut(), sign = _mm512_set1_epi16(static_cast<short>(0x8000));
+    const __mmask32 ke = _mm512_testn_epi16_mask(b, _mm512_set1_epi16(0x0078));
+    const __mmask32 ko = _mm512_testn_epi16_mask(b, _mm512_set1_epi16(0x7800));
+    we = _mm512_mask_permutexvar_epi16(we, ke, b, lut);  // VPERMW reads index bits 4..0: e0 m = m
+    wo = _mm512_mask_permutexvar_epi16(wo, ko, _mm512_srli_epi16(b, 8), lut);
+    we = _mm512_ternarylogic_epi32(we, te, sign, 0xF8);  // A | (B & C): the sign back
+    wo = _mm512_ternarylogic_epi32(wo, to, sign, 0xF8);
+  }
+}
+
+// Rows with N bf16 vectors in the chunk order of fp8_bf16_slot (per column block, chunks of 64: the
+// even elements, then the odd ones). Per block: VDPBF16PS into two accumulators (even, odd words)
+// per vector, then the block's scale.
+template <int N>
+FT_TARGET_AVX512_BF16 void fp8_row_bf16x(const uint8_t* w, const float* S, int B, const uint16_t* const* xs, int K,
+                                         float* out, int os, const Prefetch& pf) {
+  const int CB = (B + 63) / 64 * 64;
+  __m512 tot[N];
+  for (int j = 0; j < N; ++j) tot[j] = _mm512_setzero_ps();
+  for (int c0 = 0, c = 0; c0 < K; c0 += B, ++c) {
+    const int n = std::min(B, K - c0);
+    const uint8_t* wb = w + c0;
+    pf.ahead_range(wb, n);
+    // Two accumulators per vector (even, odd words) while there are few vectors; one beyond 2, where
+    // the vectors alone keep the VDPBF16PS units busy and 32 registers would not hold them all.
+    constexpr int NO = N <= 2 ? N : 1;
+    __m512 ae[N], ao[NO];
+    for (int j = 0; j < N; ++j) ae[j] = _mm512_setzero_ps();
+    for (int j = 0; j < NO; ++j) ao[j] = _mm512_setzero_ps();
+    auto odd = [&](int j) -> __m512& {
+      if constexpr (N <= 2) return ao[j];
+      return ae[j];
+    };
+    for (int q = 0; q < n; q += 64) {
+      const int L = std::min(64, n - q);
+      __m512i we, wo;
+      if (L == 64) {
+        e4m3x64_bf16(_mm512_loadu_si512(wb + q), ~0ull, we, wo);
+        for (int j = 0; j < N; ++j) {
+          const uint16_t* xc = xs[j] + static_cast<size_t>(c) * CB + q;
+          ae[j] = _mm512_dpbf16_ps(ae[j], (__m512bh)we, (__m512bh)_mm512_loadu_si512(xc));
+          odd(j) = _mm512_dpbf16_ps(odd(j), (__m512bh)wo, (__m512bh)_mm512_loadu_si512(xc + 32));
+        }
+      } else {
+        const __mmask64 valid = (1ull << L) - 1;
+        const __mmask32 me = static_cast<__mmask32>((1ull << ((L + 1) / 2)) - 1), mo = static_cast<__mmask32>((1ull << (L / 2)) - 1);
+        e4m3x64_bf16(_mm512_maskz_loadu_epi8(valid, wb + q), valid, we, wo);
+        for (int j = 0; j < N; ++j) {
+          const uint16_t* xc = xs[j] + static_cast<size_t>(c) * CB + q;
+          ae[j] = _mm512_dpbf16_ps(ae[j], (__m512bh)we, (__m512bh)_mm512_maskz_loadu_epi16(me, xc));
+          odd(j) = _mm512_dpbf16_ps(odd(j), (__m512bh)wo, (__m512bh)_mm512_maskz_loadu_epi16(mo, xc + 32));
+        }
+      }
+    }
+    const __m512 s = _mm512_set1_ps(S[c]);
+    for (int j = 0; j < N; ++j) {
+      tot[j] = _mm512_fmadd_ps(N <= 2 ? _mm512_add_ps(ae[j], ao[j % NO]) : ae[j], s, tot[j]);  // NO == N there
+    }
+  }
+  for (int j = 0; j < N; ++j) out[j * os] = _mm512_reduce_add_ps(tot[j]) * kBf16Unscale;
 }
 
 #endif  // FT_X86
 
-// Rows r0..r0+nrows-1 of one matrix: W points at row r0 (row stride K bytes); S is the matrix's
-// scale grid [nb(rows), nb(K)] whose row-block (r0 + r) / B scales row r.
-void fp8_rows(Isa isa, const uint8_t* W, int r0, int nrows, const float* S, int B, const float* x, int K,
-              float* out, int prefetch) {
+// Where element k of a vector goes for the bf16 tier: column block k / B holds ceil(B / 64) chunks of
+// 64 slots; a chunk's element i at slot i / 2 (even i) or 32 + i / 2 (odd i).
+inline size_t fp8_bf16_slot(int k, int B) {
+  const int CB = (B + 63) / 64 * 64, blk = k / B, i = k % B, q = i / 64, r = i % 64;
+  return static_cast<size_t>(blk) * CB + q * 64 + (r & 1) * 32 + r / 2;
+}
+inline size_t fp8_bf16_len(int K, int B) { return static_cast<size_t>((K + B - 1) / B) * ((B + 63) / 64 * 64); }
+
+// Rows r0..r0+nrows-1 of one matrix against n vectors: W points at row r0 (row stride K bytes); S is
+// the matrix's scale grid [nb(rows), nb(K)] whose row-block (r0 + r) / B scales row r;
+// out[j * os + r]. Vectors: fp32 (scalar, avx2, avx512) or bf16 in fp8_bf16_slot order (avx512_bf16).
+void fp8_rows(Isa isa, const uint8_t* W, int r0, int nrows, const float* S, int B, const void* const* xs, int n,
+              int K, float* out, int os, int prefetch) {
   const int nbK = (K + B - 1) / B;
   const size_t ld = static_cast<size_t>(K);
 #if FT_X86
@@ -122,15 +224,27 @@ void fp8_rows(Isa isa, const uint8_t* W, int r0, int nrows, const float* S, int 
     const Prefetch pf(W, W + nrows * ld, prefetch);
     for (int r = 0; r < nrows; ++r) {
       const float* s = S + static_cast<size_t>((r0 + r) / B) * nbK;
-      out[r] = isa >= Isa::avx512 ? fp8_row_avx512(W + r * ld, s, B, x, K, pf)
-                                  : fp8_row_avx2(W + r * ld, s, B, x, K, pf);
+      const uint8_t* w = W + r * ld;
+      if (isa == Isa::avx512_bf16) {
+        const uint16_t* const* xb = reinterpret_cast<const uint16_t* const*>(xs);
+        FP8NV_DISPATCH_N(n, fp8_row_bf16x, w, s, B, xb, K, out + r, os, pf);
+      } else if (isa == Isa::avx512) {
+        const float* const* xf = reinterpret_cast<const float* const*>(xs);
+        FP8NV_DISPATCH_N(n, fp8_row_avx512, w, s, B, xf, K, out + r, os, pf);
+      } else {
+        const float* const* xf = reinterpret_cast<const float* const*>(xs);
+        FP8NV_DISPATCH_N(n, fp8_row_avx2, w, s, B, xf, K, out + r, os, pf);
+      }
     }
     return;
   }
 #endif
-  (void)prefetch;
-  for (int r = 0; r < nrows; ++r) {
-    out[r] = fp8_row_scalar(W + r * ld, S + static_cast<size_t>((r0 + r) / B) * nbK, B, x, K);
+  (void)isa, (void)prefetch;
+  for (int j = 0; j < n; ++j) {
+    const float* x = static_cast<const float*>(xs[j]);
+    for (int r = 0; r < nrows; ++r) {
+      out[j * os + r] = fp8_row_scalar(W + r * ld, S + static_cast<size_t>((r0 + r) / B) * nbK, B, x, K);
+    }
   }
 }
 
@@ -157,44 +271,93 @@ class Fp8BlockFormat final : public MoeFormat {
     b2_ = static_cast<const float*>(args.optional_bank("w2_bias", {E, H}, DType::f32));
   }
 
+  // prep_inter writes each element to its own slot (padding slots are never read: the kernels mask
+  // them), so any unit size works.
+  int pass1_rows() const override { return 32; }
+  int pass2_rows() const override { return kPass2Rows; }
+
+  void prep_input(const TaskInput& in) override {
+    if (!bf16x()) return;
+    const size_t len = fp8_bf16_len(p_.hidden, B_);
+    xb_.resize(static_cast<size_t>(in.num_tokens) * len);
+    for (int t = 0; t < in.num_tokens; ++t) {
+      const uint16_t* x = in.x_bf16 + static_cast<size_t>(t) * p_.hidden;
+      uint16_t* d = xb_.data() + t * len;
+      for (int k = 0; k < p_.hidden; ++k) d[fp8_bf16_slot(k, B_)] = x[k];
+    }
+  }
+
+  size_t inter_prep_bytes() const override { return bf16x() ? fp8_bf16_len(p_.intermediate, B_) * 2 : 0; }
+
+  void prep_inter(const float* h, int i0, int i1, void* prepped) const override {
+    uint16_t* d = static_cast<uint16_t*>(prepped);
+    for (int k = i0; k < i1; ++k) d[fp8_bf16_slot(k, B_)] = f32_to_bf16(h[k]);
+  }
+
   void gate_up(const TaskInput& in, int e, int t, int i0, int i1, float in_scale, float* gate,
                float* up) const override {
+    gate_up_tokens(in, e, &t, &in_scale, 1, i0, i1, gate, up, 0);
+  }
+
+  void gate_up_tokens(const TaskInput& in, int e, const int* tokens, const float* in_scales, int n, int i0, int i1,
+                      float* gate, float* up, int stride) const override {
     const size_t H = p_.hidden, I = p_.intermediate;
     const uint8_t* base = w13_ + static_cast<size_t>(e) * 2 * I * H;
     const float* sg = s13_ + static_cast<size_t>(e) * 2 * nbI_ * nbH_;
     const float* su = sg + static_cast<size_t>(nbI_) * nbH_;
-    const float* x = in.x_f32 + t * H;
-    const int n = i1 - i0;
-    fp8_rows(p_.isa, base + i0 * H, i0, n, sg, B_, x, static_cast<int>(H), gate, p_.prefetch);
-    fp8_rows(p_.isa, base + (I + i0) * H, i0, n, su, B_, x, static_cast<int>(H), up, p_.prefetch);
+    const void* xs[fp8nv::kMaxVectors];
+    for (int j = 0; j < n; ++j) {
+      xs[j] = bf16x() ? static_cast<const void*>(xb_.data() + tokens[j] * fp8_bf16_len(p_.hidden, B_))
+                      : static_cast<const void*>(in.x_f32 + tokens[j] * H);
+    }
+    const int rows = i1 - i0, K = p_.hidden;
+    fp8_rows(p_.isa, base + i0 * H, i0, rows, sg, B_, xs, n, K, gate, stride, pf_);
+    fp8_rows(p_.isa, base + (I + i0) * H, i0, rows, su, B_, xs, n, K, up, stride, pf_);
     const float* bg = b13_ ? b13_ + static_cast<size_t>(e) * 2 * I + i0 : nullptr;
-    for (int i = 0; i < n; ++i) {
-      gate[i] = in_scale * gate[i] + (bg ? bg[i] : 0.f);
-      up[i] = in_scale * up[i] + (bg ? bg[I + i] : 0.f);
+    for (int j = 0; j < n; ++j) {
+      float* g = gate + j * stride;
+      float* u = up + j * stride;
+      for (int i = 0; i < rows; ++i) {
+        g[i] = in_scales[j] * g[i] + (bg ? bg[i] : 0.f);
+        u[i] = in_scales[j] * u[i] + (bg ? bg[I + i] : 0.f);
+      }
     }
   }
 
   void down(int h0, int h1, const RouteRef* routes, int n, float* out) const override {
-    const size_t H = p_.hidden, I = p_.intermediate;
     const int rows = h1 - h0;
     float tmp[kPass2Rows];
     std::fill(out, out + rows, 0.f);
     for (int r = 0; r < n; ++r) {
-      const RouteRef& rt = routes[r];
-      const uint8_t* w = w2_ + static_cast<size_t>(rt.expert) * H * I + static_cast<size_t>(h0) * I;
-      const float* s = s2_ + static_cast<size_t>(rt.expert) * nbH_ * nbI_;
-      fp8_rows(p_.isa, w, h0, rows, s, B_, rt.h, static_cast<int>(I), tmp, p_.prefetch);
-      const float* b = b2_ ? b2_ + static_cast<size_t>(rt.expert) * H + h0 : nullptr;
-      for (int j = 0; j < rows; ++j) out[j] += rt.weight * (tmp[j] + (b ? b[j] : 0.f));
+      down_rows(routes[r].expert, h0, h1, routes + r, 1, tmp, 0);
+      for (int j = 0; j < rows; ++j) out[j] += routes[r].weight * tmp[j];
     }
   }
 
-  int pass2_rows() const override { return kPass2Rows; }
+  bool has_down_rows() const override { return true; }
+
+  void down_rows(int e, int h0, int h1, const RouteRef* routes, int n, float* out, int stride) const override {
+    const size_t H = p_.hidden, I = p_.intermediate;
+    const int rows = h1 - h0;
+    const uint8_t* w = w2_ + static_cast<size_t>(e) * H * I + static_cast<size_t>(h0) * I;
+    const float* s = s2_ + static_cast<size_t>(e) * nbH_ * nbI_;
+    const void* hs[fp8nv::kMaxVectors];
+    for (int j = 0; j < n; ++j) hs[j] = bf16x() ? routes[j].h_prepped : static_cast<const void*>(routes[j].h);
+    fp8_rows(p_.isa, w, h0, rows, s, B_, hs, n, p_.intermediate, out, stride, pf_);
+    if (b2_) {
+      const float* b = b2_ + static_cast<size_t>(e) * H + h0;
+      for (int j = 0; j < n; ++j) {
+        for (int i = 0; i < rows; ++i) out[j * stride + i] += b[i];
+      }
+    }
+  }
 
  private:
-  static constexpr int kPass2Rows = 16;
+  static constexpr int kPass2Rows = 32;
+  bool bf16x() const { return p_.isa == Isa::avx512_bf16; }
 
   MoeParams p_;
+  int pf_ = fp8nv::prefetch_distance(p_.prefetch, p_.prefetch_explicit);  // after p_ (declaration order)
   int B_;
   int nbH_ = 0, nbI_ = 0;
   const uint8_t* w13_;
@@ -203,6 +366,7 @@ class Fp8BlockFormat final : public MoeFormat {
   const float* s2_;
   const float* b13_;
   const float* b2_;
+  AlignedBuffer<uint16_t> xb_;  // x as bf16 in fp8_bf16_slot order, [T, fp8_bf16_len(H)] (avx512_bf16)
 };
 
 std::unique_ptr<MoeFormat> make_fp8_block_format(const MoeParams& params, FormatArgs& args) {

@@ -15,9 +15,21 @@
 //
 // Kernels: the low and high nibbles of a run of bytes are looked up separately (16-entry table in a
 // register), giving the even and the odd elements of a chunk; the vector tiers therefore take x (and
-// the intermediate) with every chunk of 32 elements (16 for a last one) rearranged as its evens then
-// its odds, prepared once per task (prep_input) and once per route (prep_inter).
+// the intermediate) rearranged per chunk, prepared once per task (prep_input) and once per route
+// (prep_inter).
+//  - avx2, avx512: fp32 x, each chunk of 32 elements (16 for a last one) as its evens then its odds;
+//    e2m1 values widened to fp32 and FMA'd, group scales applied per group.
+//  - avx512_bf16 (with AVX512-VNNI): an int8-activation path (W4A8). x and the intermediate are
+//    quantized to int8 per group of 16 (scale amax/127, round to nearest); per 256 elements the
+//    weight bytes are regrouped by dword so that a VNNI lane holds one group, the nibbles become
+//    2*e2m1 + 12 (unsigned 0..24) by VPSHUFB, four VPDPBUSD sum them against the int8 values
+//    exactly, the +12 offset is taken out by starting each lane at -12 * (its group's x sum),
+//    precomputed with x; then per group one int -> fp32 conversion and the product of the weight
+//    and x group scales (details at kVnniBlockBytes).
+// The batched hooks decode each weight chunk once and multiply it into up to 8 vectors.
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <string>
 
 #include "format.h"
@@ -44,18 +56,6 @@ void to_even_odd(const float* src, float* dst, int k0, int k1) {
   }
 }
 
-// The bf16 tier's order: each chunk [c, c + L) of `len` elements (L = 128, or what is left) as 4
-// runs of L/4: run q holds elements c + 4k + q. src and dst start at a multiple of 128 of the row;
-// len is a multiple of 16.
-void to_word_nibble_bf16(const uint16_t* src, uint16_t* dst, int len) {
-  for (int c = 0; c < len; c += 128) {
-    const int n = std::min(128, len - c) / 4;
-    for (int q = 0; q < 4; ++q) {
-      for (int k = 0; k < n; ++k) dst[c + q * n + k] = src[c + 4 * k + q];
-    }
-  }
-}
-
 // One row in natural element order: sum_g e4m3(sc[g]) * sum_{k in group g} e2m1(k) * x[k].
 float nvfp4_row_scalar(const uint8_t* w, const uint8_t* sc, const float* x, int K) {
   const float* lut = fp8nv::e4m3_table().v;
@@ -78,13 +78,16 @@ FT_TARGET_AVX2 inline __m128i e2m1x2_lut_i8() {
   return _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
 }
 
-// One row, x in even/odd chunk order. Per 32 elements: the 16 bytes' nibbles -> int8 (2 * e2m1) by
-// VPSHUFB, widened to fp32 8 at a time; the group scale (halved for the factor 2) is a broadcast.
-FT_TARGET_AVX2 float nvfp4_row_avx2(const uint8_t* w, const uint8_t* sc, const float* xp, int K,
-                                    const Prefetch& pf) {
+// Rows with N vectors in even/odd chunk order. Per 32 elements: the 16 bytes' nibbles -> int8
+// (2 * e2m1) by VPSHUFB, widened to fp32 8 at a time (once for all vectors); the group scales are
+// broadcasts, the factor 2 is taken out at the end.
+template <int N>
+FT_TARGET_AVX2 void nvfp4_row_avx2(const uint8_t* w, const uint8_t* sc, const float* const* xs, int K, float* out,
+                                   int os, const Prefetch& pf) {
   const float* lut = fp8nv::e4m3_table().v;
   const __m128i tab = e2m1x2_lut_i8(), low4 = _mm_set1_epi8(0x0f);
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+  __m256 acc0[N], acc1[N];
+  for (int j = 0; j < N; ++j) acc0[j] = acc1[j] = _mm256_setzero_ps();
   int k = 0;
   for (; k + 32 <= K; k += 32) {
     if ((k & 127) == 0) pf.ahead(w + k / 2);
@@ -95,37 +98,45 @@ FT_TARGET_AVX2 float nvfp4_row_avx2(const uint8_t* w, const uint8_t* sc, const f
     const __m256 lo1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
     const __m256 hi0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
     const __m256 hi1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
-    const __m256 p0 = _mm256_fmadd_ps(hi0, _mm256_loadu_ps(xp + k + 16), _mm256_mul_ps(lo0, _mm256_loadu_ps(xp + k)));
-    const __m256 p1 =
-        _mm256_fmadd_ps(hi1, _mm256_loadu_ps(xp + k + 24), _mm256_mul_ps(lo1, _mm256_loadu_ps(xp + k + 8)));
-    acc0 = _mm256_fmadd_ps(p0, _mm256_set1_ps(lut[sc[k / 16]]), acc0);
-    acc1 = _mm256_fmadd_ps(p1, _mm256_set1_ps(lut[sc[k / 16 + 1]]), acc1);
+    const __m256 s0 = _mm256_set1_ps(lut[sc[k / 16]]), s1 = _mm256_set1_ps(lut[sc[k / 16 + 1]]);
+    for (int j = 0; j < N; ++j) {
+      const float* xp = xs[j] + k;
+      const __m256 p0 = _mm256_fmadd_ps(hi0, _mm256_loadu_ps(xp + 16), _mm256_mul_ps(lo0, _mm256_loadu_ps(xp)));
+      const __m256 p1 = _mm256_fmadd_ps(hi1, _mm256_loadu_ps(xp + 24), _mm256_mul_ps(lo1, _mm256_loadu_ps(xp + 8)));
+      acc0[j] = _mm256_fmadd_ps(p0, s0, acc0[j]);
+      acc1[j] = _mm256_fmadd_ps(p1, s1, acc1[j]);
+    }
   }
   if (k < K) {  // a last group of 16: evens in xp[k, k + 8), odds in xp[k + 8, k + 16)
     const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k / 2));
-    const __m128i lo = _mm_shuffle_epi8(tab, _mm_and_si128(b, low4));
-    const __m128i hi = _mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(b, 4), low4));
-    const __m256 p = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), _mm256_loadu_ps(xp + k + 8),
-                                     _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), _mm256_loadu_ps(xp + k)));
-    acc0 = _mm256_fmadd_ps(p, _mm256_set1_ps(lut[sc[k / 16]]), acc0);
+    const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_shuffle_epi8(tab, _mm_and_si128(b, low4))));
+    const __m256 hi =
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(b, 4), low4))));
+    const __m256 s0 = _mm256_set1_ps(lut[sc[k / 16]]);
+    for (int j = 0; j < N; ++j) {
+      const float* xp = xs[j] + k;
+      const __m256 p = _mm256_fmadd_ps(hi, _mm256_loadu_ps(xp + 8), _mm256_mul_ps(lo, _mm256_loadu_ps(xp)));
+      acc0[j] = _mm256_fmadd_ps(p, s0, acc0[j]);
+    }
   }
-  return fp8nv::hsum8(_mm256_add_ps(acc0, acc1)) * 0.5f;
+  for (int j = 0; j < N; ++j) out[j * os] = fp8nv::hsum8(_mm256_add_ps(acc0[j], acc1[j])) * 0.5f;
 }
 
-// One row, x in even/odd chunk order. Per 32 elements (16 bytes, two groups): the bytes widened to
-// 16 lanes, VPERMPS with the 16 e2m1 values looks up the low nibbles (it reads index bits 3..0)
-// and, after a shift, the high ones; lanes 0..7 are group 2j, lanes 8..15 group 2j+1, scaled by a
-// permutation of 16 scales decoded together per 256 elements.
-FT_TARGET_AVX512 float nvfp4_row_avx512(const uint8_t* w, const uint8_t* sc, const float* xp, int K,
-                                       const Prefetch& pf) {
+// Rows with N vectors in even/odd chunk order. Per 32 elements (16 bytes, two groups): the bytes
+// widened to 16 lanes, VPERMPS with the 16 e2m1 values looks up the low nibbles (it reads index bits
+// 3..0) and, after a shift, the high ones; lanes 0..7 are group 2j, lanes 8..15 group 2j+1, scaled by
+// a permutation of 16 scales decoded together per 256 elements.
+template <int N>
+FT_TARGET_AVX512 void nvfp4_row_avx512(const uint8_t* w, const uint8_t* sc, const float* const* xs, int K,
+                                       float* out, int os, const Prefetch& pf) {
   const __m512 tab = _mm512_loadu_ps(kE2m1);
   const __m512i pair0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
   const __m512i two = _mm512_set1_epi32(2);
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
+  __m512 acc[N];
+  for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
   int k = 0;
   for (; k + 256 <= K; k += 256) {
     const uint8_t* wb = w + k / 2;
-    const float* xb = xp + k;
     if (pf.dist) {
       pf.ahead(wb);
       pf.ahead(wb + 64);
@@ -133,107 +144,172 @@ FT_TARGET_AVX512 float nvfp4_row_avx512(const uint8_t* w, const uint8_t* sc, con
     // 16 group scales (times 2^-8, see fp8nv_common.h).
     const __m512 S = fp8nv::e4m3x16_avx512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + k / 16)));
     __m512i idx = pair0;
-    for (int j = 0; j < 8; j += 2) {
-      const __m512i d0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 16 * j)));
-      const __m512i d1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 16 * j + 16)));
-      __m512 p0 = _mm512_mul_ps(_mm512_permutexvar_ps(d0, tab), _mm512_loadu_ps(xb + 32 * j));
-      __m512 p1 = _mm512_mul_ps(_mm512_permutexvar_ps(d1, tab), _mm512_loadu_ps(xb + 32 * j + 32));
-      p0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d0, 4), tab), _mm512_loadu_ps(xb + 32 * j + 16), p0);
-      p1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d1, 4), tab), _mm512_loadu_ps(xb + 32 * j + 48), p1);
-      acc0 = _mm512_fmadd_ps(p0, _mm512_permutexvar_ps(idx, S), acc0);
+    for (int q = 0; q < 8; ++q) {
+      const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 16 * q)));
+      const __m512 lo = _mm512_permutexvar_ps(d, tab);
+      const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tab);
+      const __m512 s = _mm512_permutexvar_ps(idx, S);
       idx = _mm512_add_epi32(idx, two);
-      acc1 = _mm512_fmadd_ps(p1, _mm512_permutexvar_ps(idx, S), acc1);
-      idx = _mm512_add_epi32(idx, two);
+      for (int j = 0; j < N; ++j) {
+        const float* xb = xs[j] + k + 32 * q;
+        const __m512 p = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb + 16), _mm512_mul_ps(lo, _mm512_loadu_ps(xb)));
+        acc[j] = _mm512_fmadd_ps(p, s, acc[j]);
+      }
     }
   }
   const float* lut = fp8nv::e4m3_table().v;
   constexpr float kDown = 1.f / fp8nv::kE4m3Fp16Unscale;  // table scales to the 2^-8 of the vector ones
-  for (; k + 32 <= K; k += 32) {
-    const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k / 2)));
-    __m512 p = _mm512_mul_ps(_mm512_permutexvar_ps(d, tab), _mm512_loadu_ps(xp + k));
-    p = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tab), _mm512_loadu_ps(xp + k + 16), p);
-    const __m512 sv = _mm512_insertf32x8(_mm512_set1_ps(lut[sc[k / 16]] * kDown),
-                                         _mm256_set1_ps(lut[sc[k / 16 + 1]] * kDown), 1);
-    acc0 = _mm512_fmadd_ps(p, sv, acc0);
+  for (; k < K; k += 32) {  // chunks of 32, then maybe a last group of 16 (lanes 0..7 only)
+    const bool full = k + 32 <= K;
+    const __mmask16 m = full ? 0xffff : 0x00ff;
+    const __m512i d = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(full ? 0xffff : 0x00ff, w + k / 2));
+    const __m512 lo = _mm512_permutexvar_ps(d, tab);
+    const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tab);
+    const float s1 = full ? lut[sc[k / 16 + 1]] * kDown : 0.f;
+    const __m512 s = _mm512_insertf32x8(_mm512_set1_ps(lut[sc[k / 16]] * kDown), _mm256_set1_ps(s1), 1);
+    const int half = full ? 16 : 8;
+    for (int j = 0; j < N; ++j) {
+      const float* xb = xs[j] + k;
+      const __m512 p = _mm512_fmadd_ps(hi, _mm512_maskz_loadu_ps(m, xb + half),
+                                       _mm512_mul_ps(lo, _mm512_maskz_loadu_ps(m, xb)));
+      acc[j] = _mm512_fmadd_ps(p, s, acc[j]);
+    }
   }
-  if (k < K) {  // a last group of 16: lanes 0..7 only
-    const __m512i d = _mm512_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + k / 2)));
-    __m512 p = _mm512_mul_ps(_mm512_permutexvar_ps(d, tab), _mm512_maskz_loadu_ps(0xff, xp + k));
-    p = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), tab), _mm512_maskz_loadu_ps(0xff, xp + k + 8),
-                        p);
-    acc0 = _mm512_fmadd_ps(p, _mm512_set1_ps(lut[sc[k / 16]] * kDown), acc0);
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) * fp8nv::kE4m3Fp16Unscale;
-}
-
-// bf16 of the 16 e2m1 values (exact), for VPERMW.
-FT_TARGET_AVX512_BF16 inline __m512i e2m1_bf16_lut() {
-  return _mm512_setr_epi32(0x3F000000, 0x3FC03F80, 0x40404000, 0x40C04080, 0xBF008000, 0xBFC0BF80, 0xC040C000,
-                           0xC0C0C080, 0x3F000000, 0x3FC03F80, 0x40404000, 0x40C04080, 0xBF008000, 0xBFC0BF80,
-                           0xC040C000, 0xC0C0C080);
-}
-
-// One row with VDPBF16PS, x as bf16 in word-nibble chunk order (to_word_nibble_bf16). Per chunk of
-// 128 elements (64 bytes, or a last shorter one under masks): as 32 words, word k holds elements
-// 4k..4k+3 in its four nibbles; nibble q of every word, looked up by VPERMW, is the bf16 vector of
-// elements 4k+q, and x's chunk holds the matching 4 vectors. Dword lane i of the dot products sums
-// elements 8i+q and 8i+4+q: group i/2 of the chunk, whose scale a duplicated decode supplies.
-FT_TARGET_AVX512_BF16 float nvfp4_row_bf16x(const uint8_t* w, const uint8_t* sc, const uint16_t* xb, int K,
-                                           const Prefetch& pf) {
-  const __m512i lut = e2m1_bf16_lut(), nib = _mm512_set1_epi16(0x000f);
-  __m512 acc = _mm512_setzero_ps();
-  for (int c = 0; c < K; c += 128) {
-    const int L = std::min(128, K - c), n = L / 4;  // words per nibble vector
-    const __mmask32 m = n == 32 ? 0xffffffffu : static_cast<__mmask32>((1u << n) - 1u);
-    const uint8_t* wb = w + c / 2;
-    const uint16_t* x = xb + c;
-    if (pf.dist) pf.ahead(wb);
-    const __m512i b = _mm512_maskz_loadu_epi16(m, wb);
-    const __m512i w0 = _mm512_permutexvar_epi16(_mm512_and_si512(b, nib), lut);
-    const __m512i w1 = _mm512_permutexvar_epi16(_mm512_and_si512(_mm512_srli_epi16(b, 4), nib), lut);
-    const __m512i w2 = _mm512_permutexvar_epi16(_mm512_and_si512(_mm512_srli_epi16(b, 8), nib), lut);
-    const __m512i w3 = _mm512_permutexvar_epi16(_mm512_srli_epi16(b, 12), lut);
-    __m512 t0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)w0, (__m512bh)_mm512_maskz_loadu_epi16(m, x));
-    __m512 t1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)w2, (__m512bh)_mm512_maskz_loadu_epi16(m, x + 2 * n));
-    t0 = _mm512_dpbf16_ps(t0, (__m512bh)w1, (__m512bh)_mm512_maskz_loadu_epi16(m, x + n));
-    t1 = _mm512_dpbf16_ps(t1, (__m512bh)w3, (__m512bh)_mm512_maskz_loadu_epi16(m, x + 3 * n));
-    // Scales of the chunk's L/16 groups, each twice: lanes 2g and 2g+1 (times 2^-8).
-    const __m128i s8 = _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << (L / 16)) - 1u), sc + c / 16);
-    const __m512 sv = fp8nv::e4m3x16_avx512(_mm_unpacklo_epi8(s8, s8));
-    acc = _mm512_fmadd_ps(_mm512_add_ps(t0, t1), sv, acc);
-  }
-  return _mm512_reduce_add_ps(acc) * fp8nv::kE4m3Fp16Unscale;
+  for (int j = 0; j < N; ++j) out[j * os] = _mm512_reduce_add_ps(acc[j]) * fp8nv::kE4m3Fp16Unscale;
 }
 
 #endif  // FT_X86
 
-// Rows of one matrix: W (K/2 bytes a row), SC (K/16 scale bytes a row) and G (global scale per row)
-// all point at the first row. x: fp32 in natural order (scalar), fp32 in even/odd chunk order (avx2,
-// avx512), bf16 in word-nibble chunk order (avx512_bf16).
-void nvfp4_rows(Isa isa, const uint8_t* W, const uint8_t* SC, const float* G, int nrows, const void* x, int K,
-                float* out, int prefetch) {
+// The int8 path works on blocks of 256 elements (128 weight bytes, 16 groups). A VNNI dword lane
+// takes 4 bytes; a group's 8 bytes are two dwords of its chunk of 64 bytes, so the block's two chunks
+// A and B are first regrouped by dword: P = the even dwords of A then of B, Q = the odd ones (two
+// VPERMT2D). Lane g of P and of Q then holds group g's 8 bytes, whose low and high nibbles become
+// 2 * e2m1 + 12 (unsigned 0..24) by VPSHUFB: four vectors loP, hiP, loQ, hiQ. A vector's block
+// record (kVnniBlockBytes, a last one zero-padded) matches them byte for byte:
+//   [0, 64) q of elements 16g + 2p (lane g, byte p)      [64, 128) 16g + 2p + 1
+//   [128, 192) 16g + 8 + 2p                               [192, 256) 16g + 9 + 2p
+//   [256, 320) int32 -12 * (sum of q over group g)        [320, 384) f32 scale d of group g
+// with q = round(v / d), d = amax / 127 per group of 16 (so |q * d - v| <= d / 2). Four VPDPBUSD
+// starting from the -12 * sum give lane g = sum_k 2 * e2m1_k * q_k over group g exactly (int32),
+// then one int -> fp32 conversion and the product of the weight and x group scales per group.
+constexpr int kVnniBlockBytes = 384;
+
+size_t vnni_bytes(int K) { return static_cast<size_t>((K + 255) / 256) * kVnniBlockBytes; }
+
+#if FT_X86
+
+// Rows with N int8-quantized vectors (block records above) and VPDPBUSD.
+template <int N>
+FT_TARGET_AVX512_BF16 void nvfp4_row_vnni(const uint8_t* w, const uint8_t* sc, const uint8_t* const* xs, int K,
+                                          float* out, int os, const Prefetch& pf) {
+  const __m512i tab = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  __m512 acc[N];
+  for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
+  for (int c = 0; c < K; c += 256) {
+    const uint8_t* wb = w + c / 2;
+    if (pf.dist) {
+      pf.ahead(wb);
+      pf.ahead(wb + 64);
+    }
+    __m512i A, B;
+    __m128i s16;
+    if (c + 256 <= K) {
+      A = _mm512_loadu_si512(wb);
+      B = _mm512_loadu_si512(wb + 64);
+      s16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + c / 16));
+    } else {  // a last block of L < 256 elements (a multiple of 16): missing bytes and scales zero
+      const int L = K - c;
+      A = _mm512_maskz_loadu_epi8(L >= 128 ? ~0ull : (1ull << (L / 2)) - 1, wb);
+      B = _mm512_maskz_loadu_epi8(L > 128 ? (1ull << (L / 2 - 64)) - 1 : 0ull, wb + 64);
+      s16 = _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << (L / 16)) - 1u), sc + c / 16);
+    }
+    const __m512i P = _mm512_permutex2var_epi32(A, even, B), Q = _mm512_permutex2var_epi32(A, odd, B);
+    const __m512i loP = _mm512_shuffle_epi8(tab, _mm512_and_si512(P, low4));
+    const __m512i hiP = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(P, 4), low4));
+    const __m512i loQ = _mm512_shuffle_epi8(tab, _mm512_and_si512(Q, low4));
+    const __m512i hiQ = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(Q, 4), low4));
+    const __m512 S = fp8nv::e4m3x16_avx512(s16);  // lane g: group g (times 2^-8)
+    for (int j = 0; j < N; ++j) {
+      const uint8_t* xr = xs[j] + static_cast<size_t>(c / 256) * kVnniBlockBytes;
+      __m512i t = _mm512_dpbusd_epi32(_mm512_loadu_si512(xr + 256), loP, _mm512_loadu_si512(xr));
+      t = _mm512_dpbusd_epi32(t, hiP, _mm512_loadu_si512(xr + 64));
+      t = _mm512_dpbusd_epi32(t, loQ, _mm512_loadu_si512(xr + 128));
+      t = _mm512_dpbusd_epi32(t, hiQ, _mm512_loadu_si512(xr + 192));
+      acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(t), S), _mm512_loadu_ps(xr + 320), acc[j]);
+    }
+  }
+  // The table holds 2 * e2m1, the scales carry 2^-8: both undone by one power of two.
+  for (int j = 0; j < N; ++j) out[j * os] = _mm512_reduce_add_ps(acc[j]) * (0.5f * fp8nv::kE4m3Fp16Unscale);
+}
+
+// Blocks of v[k0, k1) (k0 a multiple of 256, k1 - k0 a multiple of 16) into dst (the whole vector's).
+// Per group of 16: amax, q = round-to-nearest-even(v * 127 / amax) (MXCSR default); the int32 ->
+// int8 narrowing saturates (|v * 127 / amax| <= 127 up to rounding).
+FT_TARGET_AVX512_BF16 void vnni_quantize(const float* v, int k0, int k1, uint8_t* dst) {
+  // Elements 0,2,4,6 | 1,3,5,7 | 8,10,12,14 | 9,11,13,15: dwords for loP, hiP, loQ, hiQ.
+  const __m128i order = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+  for (int c = k0; c < k1; c += 256) {
+    const int L = std::min(256, k1 - c);
+    uint8_t* rec = dst + static_cast<size_t>(c / 256) * kVnniBlockBytes;
+    if (L < 256) std::memset(rec, 0, kVnniBlockBytes);
+    int32_t* negc = reinterpret_cast<int32_t*>(rec + 256);
+    float* d = reinterpret_cast<float*>(rec + 320);
+    for (int g = 0; g < L / 16; ++g) {
+      const __m512 x = _mm512_loadu_ps(v + c + 16 * g);
+      const float amax = _mm512_reduce_max_ps(_mm512_abs_ps(x));
+      const float inv = amax > 0.f ? 127.f / amax : 0.f;
+      const __m512i q32 = _mm512_cvtps_epi32(_mm512_mul_ps(x, _mm512_set1_ps(inv)));
+      const __m128i q8 = _mm_shuffle_epi8(_mm512_cvtsepi32_epi8(q32), order);
+      const int32_t d0 = _mm_cvtsi128_si32(q8), d1 = _mm_extract_epi32(q8, 1), d2 = _mm_extract_epi32(q8, 2),
+                    d3 = _mm_extract_epi32(q8, 3);
+      std::memcpy(rec + 4 * g, &d0, 4);
+      std::memcpy(rec + 64 + 4 * g, &d1, 4);
+      std::memcpy(rec + 128 + 4 * g, &d2, 4);
+      std::memcpy(rec + 192 + 4 * g, &d3, 4);
+      negc[g] = -12 * _mm512_reduce_add_epi32(q32);
+      d[g] = amax / 127.f;
+    }
+  }
+}
+#else
+void vnni_quantize(const float*, int, int, uint8_t*) { throw Error("nvfp4: the int8 path needs x86 AVX512-VNNI"); }
+#endif  // FT_X86
+
+// Rows of one matrix against n vectors: W (K/2 bytes a row), SC (K/16 scale bytes a row) and G
+// (global scale per row) all point at the first row; out[j * os + r]. Vectors: fp32 in natural order
+// (scalar), fp32 in even/odd chunk order (avx2, avx512), VNNI chunks (avx512_bf16).
+void nvfp4_rows(Isa isa, const uint8_t* W, const uint8_t* SC, const float* G, int nrows, const void* const* xs,
+                int n, int K, float* out, int os, int prefetch) {
   const size_t ldw = static_cast<size_t>(K) / 2, lds = static_cast<size_t>(K) / 16;
 #if FT_X86
-  if (isa == Isa::avx512_bf16) {
-    const Prefetch pf(W, W + nrows * ldw, prefetch);
-    const uint16_t* xb = static_cast<const uint16_t*>(x);
-    for (int r = 0; r < nrows; ++r) out[r] = nvfp4_row_bf16x(W + r * ldw, SC + r * lds, xb, K, pf) * G[r];
-    return;
-  }
   if (isa != Isa::scalar) {
     const Prefetch pf(W, W + nrows * ldw, prefetch);
     for (int r = 0; r < nrows; ++r) {
-      const float* xf = static_cast<const float*>(x);
-      const float d = isa >= Isa::avx512 ? nvfp4_row_avx512(W + r * ldw, SC + r * lds, xf, K, pf)
-                                         : nvfp4_row_avx2(W + r * ldw, SC + r * lds, xf, K, pf);
-      out[r] = d * G[r];
+      const uint8_t* w = W + r * ldw;
+      const uint8_t* sc = SC + r * lds;
+      if (isa == Isa::avx512_bf16) {
+        const uint8_t* const* xq = reinterpret_cast<const uint8_t* const*>(xs);
+        FP8NV_DISPATCH_N(n, nvfp4_row_vnni, w, sc, xq, K, out + r, os, pf);
+      } else if (isa == Isa::avx512) {
+        const float* const* xf = reinterpret_cast<const float* const*>(xs);
+        FP8NV_DISPATCH_N(n, nvfp4_row_avx512, w, sc, xf, K, out + r, os, pf);
+      } else {
+        const float* const* xf = reinterpret_cast<const float* const*>(xs);
+        FP8NV_DISPATCH_N(n, nvfp4_row_avx2, w, sc, xf, K, out + r, os, pf);
+      }
+      for (int j = 0; j < n; ++j) out[j * os + r] *= G[r];
     }
     return;
   }
 #endif
-  (void)prefetch;
-  const float* xf = static_cast<const float*>(x);
-  for (int r = 0; r < nrows; ++r) out[r] = nvfp4_row_scalar(W + r * ldw, SC + r * lds, xf, K) * G[r];
+  (void)isa, (void)prefetch;
+  for (int j = 0; j < n; ++j) {
+    const float* xf = static_cast<const float*>(xs[j]);
+    for (int r = 0; r < nrows; ++r) out[j * os + r] = nvfp4_row_scalar(W + r * ldw, SC + r * lds, xf, K) * G[r];
+  }
 }
 
 class Nvfp4Format final : public MoeFormat {
@@ -255,15 +331,16 @@ class Nvfp4Format final : public MoeFormat {
     b2_ = static_cast<const float*>(args.optional_bank("w2_bias", {E, H}, DType::f32));
   }
 
-  // Each pass-1 unit's intermediate rows are whole chunks of the tier's order (32 or 128).
-  int pass1_rows() const override { return bf16x() ? 128 : 32; }
+  // Each pass-1 unit's intermediate rows are whole chunks of the tier's order (32, or 256 for VNNI).
+  int pass1_rows() const override { return vnni() ? 256 : 32; }
   int pass2_rows() const override { return kPass2Rows; }
 
   void prep_input(const TaskInput& in) override {
     const size_t H = p_.hidden;
-    if (bf16x()) {
-      xb_.resize(static_cast<size_t>(in.num_tokens) * H);
-      for (int t = 0; t < in.num_tokens; ++t) to_word_nibble_bf16(in.x_bf16 + t * H, xb_.data() + t * H, p_.hidden);
+    if (vnni()) {
+      const size_t vb = vnni_bytes(p_.hidden);
+      xq_.resize(static_cast<size_t>(in.num_tokens) * vb);
+      for (int t = 0; t < in.num_tokens; ++t) vnni_quantize(in.x_f32 + t * H, 0, p_.hidden, xq_.data() + t * vb);
       return;
     }
     if (!permuted()) return;
@@ -273,56 +350,81 @@ class Nvfp4Format final : public MoeFormat {
 
   void gate_up(const TaskInput& in, int e, int t, int i0, int i1, float in_scale, float* gate,
                float* up) const override {
+    gate_up_tokens(in, e, &t, &in_scale, 1, i0, i1, gate, up, 0);
+  }
+
+  void gate_up_tokens(const TaskInput& in, int e, const int* tokens, const float* in_scales, int n, int i0, int i1,
+                      float* gate, float* up, int stride) const override {
     const size_t H = p_.hidden, I = p_.intermediate;
     const size_t row_g = static_cast<size_t>(e) * 2 * I + i0, row_u = row_g + I;
-    const void* x = bf16x() ? static_cast<const void*>(xb_.data() + t * H)
-                            : static_cast<const void*>((permuted() ? xp_.data() : in.x_f32) + t * H);
-    const int n = i1 - i0, K = p_.hidden;
-    nvfp4_rows(p_.isa, w13_ + row_g * (H / 2), s13_ + row_g * (H / 16), g13_ + row_g, n, x, K, gate, p_.prefetch);
-    nvfp4_rows(p_.isa, w13_ + row_u * (H / 2), s13_ + row_u * (H / 16), g13_ + row_u, n, x, K, up, p_.prefetch);
+    const void* xs[fp8nv::kMaxVectors];
+    for (int j = 0; j < n; ++j) {
+      const int t = tokens[j];
+      xs[j] = vnni() ? static_cast<const void*>(xq_.data() + t * vnni_bytes(p_.hidden))
+                     : static_cast<const void*>((permuted() ? xp_.data() : in.x_f32) + t * H);
+    }
+    const int rows = i1 - i0, K = p_.hidden;
+    nvfp4_rows(p_.isa, w13_ + row_g * (H / 2), s13_ + row_g * (H / 16), g13_ + row_g, rows, xs, n, K, gate, stride,
+               pf_);
+    nvfp4_rows(p_.isa, w13_ + row_u * (H / 2), s13_ + row_u * (H / 16), g13_ + row_u, rows, xs, n, K, up, stride,
+               pf_);
     const float* bg = b13_ ? b13_ + row_g : nullptr;
-    for (int i = 0; i < n; ++i) {
-      gate[i] = in_scale * gate[i] + (bg ? bg[i] : 0.f);
-      up[i] = in_scale * up[i] + (bg ? bg[I + i] : 0.f);
+    for (int j = 0; j < n; ++j) {
+      float* g = gate + j * stride;
+      float* u = up + j * stride;
+      for (int i = 0; i < rows; ++i) {
+        g[i] = in_scales[j] * g[i] + (bg ? bg[i] : 0.f);
+        u[i] = in_scales[j] * u[i] + (bg ? bg[I + i] : 0.f);
+      }
     }
   }
 
   size_t inter_prep_bytes() const override {
-    return bf16x() ? p_.intermediate * sizeof(uint16_t) : permuted() ? p_.intermediate * sizeof(float) : 0;
+    return vnni() ? vnni_bytes(p_.intermediate) : permuted() ? p_.intermediate * sizeof(float) : 0;
   }
 
   void prep_inter(const float* h, int i0, int i1, void* prepped) const override {
-    if (bf16x()) {
-      uint16_t hb[128];
-      for (int i = i0; i < i1; ++i) hb[i - i0] = f32_to_bf16(h[i]);
-      to_word_nibble_bf16(hb, static_cast<uint16_t*>(prepped) + i0, i1 - i0);
+    if (vnni()) {
+      vnni_quantize(h, i0, i1, static_cast<uint8_t*>(prepped));
     } else {
       to_even_odd(h, static_cast<float*>(prepped), i0, i1);
     }
   }
 
   void down(int h0, int h1, const RouteRef* routes, int n, float* out) const override {
-    const size_t H = p_.hidden, I = p_.intermediate;
     const int rows = h1 - h0;
     float tmp[kPass2Rows];
     std::fill(out, out + rows, 0.f);
     for (int r = 0; r < n; ++r) {
-      const RouteRef& rt = routes[r];
-      const size_t row = static_cast<size_t>(rt.expert) * H + h0;
-      const void* h = permuted() ? rt.h_prepped : static_cast<const void*>(rt.h);
-      nvfp4_rows(p_.isa, w2_ + row * (I / 2), s2_ + row * (I / 16), g2_ + row, rows, h, p_.intermediate, tmp,
-                 p_.prefetch);
-      const float* b = b2_ ? b2_ + row : nullptr;
-      for (int j = 0; j < rows; ++j) out[j] += rt.weight * (tmp[j] + (b ? b[j] : 0.f));
+      down_rows(routes[r].expert, h0, h1, routes + r, 1, tmp, 0);
+      for (int j = 0; j < rows; ++j) out[j] += routes[r].weight * tmp[j];
+    }
+  }
+
+  bool has_down_rows() const override { return true; }
+
+  void down_rows(int e, int h0, int h1, const RouteRef* routes, int n, float* out, int stride) const override {
+    const size_t H = p_.hidden, I = p_.intermediate;
+    const int rows = h1 - h0;
+    const size_t row = static_cast<size_t>(e) * H + h0;
+    const void* hs[fp8nv::kMaxVectors];
+    for (int j = 0; j < n; ++j) hs[j] = permuted() ? routes[j].h_prepped : static_cast<const void*>(routes[j].h);
+    nvfp4_rows(p_.isa, w2_ + row * (I / 2), s2_ + row * (I / 16), g2_ + row, rows, hs, n, p_.intermediate, out,
+               stride, pf_);
+    if (b2_) {
+      for (int j = 0; j < n; ++j) {
+        for (int i = 0; i < rows; ++i) out[j * stride + i] += b2_[row + i];
+      }
     }
   }
 
  private:
-  static constexpr int kPass2Rows = 16;
+  static constexpr int kPass2Rows = 64;
   bool permuted() const { return p_.isa != Isa::scalar; }
-  bool bf16x() const { return p_.isa == Isa::avx512_bf16; }
+  bool vnni() const { return p_.isa == Isa::avx512_bf16; }
 
   MoeParams p_;
+  int pf_ = fp8nv::prefetch_distance(p_.prefetch, p_.prefetch_explicit);  // after p_ (declaration order)
   const uint8_t* w13_;
   const uint8_t* s13_;
   const float* g13_;
@@ -331,8 +433,8 @@ class Nvfp4Format final : public MoeFormat {
   const float* g2_;
   const float* b13_;
   const float* b2_;
-  AlignedBuffer<float> xp_;     // x in even/odd chunk order, [T, H] (avx2, avx512)
-  AlignedBuffer<uint16_t> xb_;  // x as bf16 in word-nibble chunk order, [T, H] (avx512_bf16)
+  AlignedBuffer<float> xp_;    // x in even/odd chunk order, [T, H] (avx2, avx512)
+  AlignedBuffer<uint8_t> xq_;  // x quantized in VNNI blocks, [T, vnni_bytes(H)] (avx512_bf16)
 };
 
 std::unique_ptr<MoeFormat> make_nvfp4_format(const MoeParams& params, FormatArgs& args) {
