@@ -7,5 +7,5 @@ def test_version_matches_installed_metadata():
     assert ft_moe_runtime.__version__ == importlib.metadata.version("ft-moe-runtime")
 
 
-def test_has_no_public_api_yet():
-    assert ft_moe_runtime.__all__ == []
+def test_public_api():
+    assert ft_moe_runtime.__all__ == ["ExpertSlotCache", "FetchPolicy", "LruReference"]

@@ -1,12 +1,12 @@
-"""ft_moe_runtime: the MoE runtime layer of ft.
+"""ft_moe_runtime: the MoE runtime of ft, between the native layers and the models.
 
-It will own everything between a model's router and its expert math: the GPU expert slot cache
-(LRU) with its ensure/gather Triton kernels, the hybrid decode executor that splits routes between
-GPU slots and the CPU, overlaps the two and merges their partial sums, the shared-expert overlap
-helper, and the bandwidth profile. Its contracts are typing.Protocols in ft_moe_runtime.interfaces.
-
-Skeleton: there is no public API yet (the cache comes with issue #5).
+Today: the GPU expert slot cache (``ExpertSlotCache``: LRU admission and hybrid capped fetch decided
+on the device by a Triton kernel, proven against ``LruReference``, the pure-Python model of its
+contract). To come: the gather of planned experts, the hybrid decode executor, the shared-expert
+overlap helper and the bandwidth profile (issue #5 and later).
 """
 
-__all__: list[str] = []
+from ft_moe_runtime.cache import ExpertSlotCache, FetchPolicy, LruReference
+
+__all__ = ["ExpertSlotCache", "FetchPolicy", "LruReference"]
 __version__ = "0.1.0"

@@ -1,0 +1,140 @@
+"""ExpertSlotCache: which experts live in GPU slots, decided on the device.
+
+Device state (fixed addresses, so every call can be captured in a graph):
+  slot_of[L * E]  int32  slot of (layer, expert), -1 if not cached
+  owner[S]        int32  key (layer * E + expert) in each slot, -1 if empty
+  usage[S]        int64  step stamp of each slot's last use, -1 if empty
+  seen[L * E]     int64  last step each key was routed (orders misses by recency)
+  step            int64  one stamp per call
+  plan_slot / plan_src / plan_count: the copy plan of the last call (slot <- key)
+  counters        int64  hits, misses, fetched, cpu_routes, overflow; read without a sync
+
+Graph-capture rules: `ensure_experts` and `ensure_experts_hybrid` only launch a kernel on the current
+stream and may be captured; the policy (cap or fraction, rounding, order) is baked into the capture.
+`reset`, `rebuild` and `stats` must happen outside capture (they allocate, fill or read on the host).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from ft_moe_runtime.cache import kernels as K
+from ft_moe_runtime.cache.policy import FetchPolicy
+
+COUNTERS = ("hits", "misses", "fetched", "cpu_routes", "overflow")
+_ROUNDING = {
+    "min-wait": K.ROUND_MIN_WAIT,
+    "stochastic": K.ROUND_STOCHASTIC,
+    "prefer-fetch": K.ROUND_PREFER_FETCH,
+}
+
+
+class ExpertSlotCache:
+    """Args:
+    num_layers, num_experts: the model's MoE layers and experts per layer.
+    num_slots: GPU expert slots in all (per-layer: divided evenly, num_slots % num_layers == 0).
+    mode: "unified" (one pool for all layers) or "per-layer".
+    device: where the state lives (a CUDA device, or CPU under TRITON_INTERPRET=1).
+    tile: victim-scan tile width (power of two; 8192 keeps a pool of up to 8192 slots in registers).
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_experts: int,
+        num_slots: int,
+        *,
+        mode: str = "unified",
+        device: str | torch.device = "cuda",
+        tile: int = 8192,
+    ) -> None:
+        for name, v in (("num_layers", num_layers), ("num_experts", num_experts), ("num_slots", num_slots)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if mode not in ("unified", "per-layer"):
+            raise ValueError(f"mode={mode!r} is unknown; expected 'unified' or 'per-layer'")
+        if tile < 16 or tile & (tile - 1):
+            raise ValueError(f"tile must be a power of two >= 16, got {tile}")
+        self.num_layers, self.num_experts, self.mode, self.tile = num_layers, num_experts, mode, tile
+        self.device = torch.device(device)
+        self.rebuild(num_slots)
+
+    def rebuild(self, num_slots: int) -> None:
+        """New slot pool of `num_slots` (empty); outside capture."""
+        if self.mode == "per-layer" and num_slots % self.num_layers:
+            raise ValueError(
+                f"num_slots={num_slots} must be a multiple of num_layers={self.num_layers} in per-layer mode"
+            )
+        self.num_slots = num_slots
+        keys = self.num_layers * self.num_experts
+        dev = self.device
+        self.slot_of = torch.full((keys,), -1, dtype=torch.int32, device=dev)
+        self.owner = torch.full((num_slots,), -1, dtype=torch.int32, device=dev)
+        self.usage = torch.full((num_slots,), -1, dtype=torch.int64, device=dev)
+        self.seen = torch.full((keys,), -1, dtype=torch.int64, device=dev)
+        self.step = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.plan_slot = torch.zeros(num_slots, dtype=torch.int32, device=dev)
+        self.plan_src = torch.zeros(num_slots, dtype=torch.int32, device=dev)
+        self.plan_count = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.counters = torch.zeros(len(COUNTERS), dtype=torch.int64, device=dev)
+
+    def reset(self) -> None:
+        """Empty every slot and zero the counters, keeping the pool; outside capture."""
+        for t, v in ((self.slot_of, -1), (self.owner, -1), (self.usage, -1), (self.seen, -1)):
+            t.fill_(v)
+        for t in (self.step, self.plan_count, self.counters):
+            t.zero_()
+
+    def slot_range(self, layer: int) -> tuple[int, int]:
+        if self.mode == "unified":
+            return 0, self.num_slots
+        per = self.num_slots // self.num_layers
+        return layer * per, (layer + 1) * per
+
+    def ensure_experts(self, layer: int, topk_ids: torch.Tensor, clamp: bool = True) -> None:
+        """Admit every miss of this layer's routes (LRU) and rewrite `topk_ids` in place to slots."""
+        self._launch(layer, topk_ids, None, clamp)
+
+    def ensure_experts_hybrid(
+        self, layer: int, topk_ids: torch.Tensor, fetch: FetchPolicy, clamp: bool = True
+    ) -> None:
+        """Admit a capped share of the misses; rewrite the other missed routes to -1 (CPU)."""
+        if not isinstance(fetch, FetchPolicy):
+            raise TypeError(f"fetch must be a FetchPolicy, got {type(fetch).__name__}")
+        self._launch(layer, topk_ids, fetch, clamp)
+
+    def stats(self) -> dict[str, int]:
+        """The device counters (one sync)."""
+        return dict(zip(COUNTERS, self.counters.tolist(), strict=True))
+
+    def plan(self) -> list[tuple[int, int]]:
+        """The last call's copy plan as (slot, (layer, expert) key) pairs (one sync)."""
+        n = int(self.plan_count.item())
+        return list(zip(self.plan_slot[:n].tolist(), self.plan_src[:n].tolist(), strict=True))
+
+    def _launch(self, layer: int, ids: torch.Tensor, fetch: FetchPolicy | None, clamp: bool) -> None:
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer must be an int in [0, {self.num_layers}), got {layer!r}")
+        if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int32 or not ids.is_contiguous():
+            raise TypeError("topk_ids must be a contiguous int32 tensor")
+        if ids.device != self.device:
+            raise ValueError(f"topk_ids is on {ids.device}; the cache lives on {self.device}")
+        n = ids.numel()
+        lo, hi = self.slot_range(layer)
+        if fetch is None:
+            rounding, cap, frac = K.ROUND_ALL, 0, 0.0
+        elif fetch.cap is not None:
+            rounding, cap, frac = K.ROUND_CAP, fetch.cap, 0.0
+        else:
+            rounding, cap, frac = _ROUNDING[fetch.rounding], 0, fetch.fraction
+        policy = fetch or FetchPolicy(cap=0)
+        tile = min(self.tile, max(16, triton.next_power_of_2(hi - lo)))
+        K.ensure_kernel[(1,)](
+            ids, n, self.slot_of, self.owner, self.usage, self.seen, self.step,
+            self.plan_slot, self.plan_src, self.plan_count, self.counters,
+            layer, self.num_experts, lo, hi,
+            cap, frac, 1.0 / policy.pcie_gbs, 1.0 / policy.cpu_gbs, policy.seed,
+            ROUNDING=rounding, ORDER_RECENT=policy.order == "recent", CLAMP=clamp,
+            BLOCK_R=max(16, triton.next_power_of_2(n)), TILE=tile,
+        )  # fmt: skip
