@@ -76,12 +76,18 @@ def bench_gather(log) -> dict:
     copy_ms = _events_ms(lambda: (d1.copy_(src, non_blocking=True), d2.copy_(src2, non_blocking=True)), 10)
     gbs, ceiling = nbytes / gather_ms / 1e6, nbytes / copy_ms / 1e6
     log(
-        f"  gather 28 experts: {gbs:.1f} GB/s, linear pinned copy {ceiling:.1f} GB/s, ratio {gbs / ceiling:.3f}"
+        f"  gather 28 experts: {gbs:.1f} GB/s, linear pinned copy {ceiling:.1f} GB/s,"
+        f" ratio {gbs / ceiling:.3f}"
     )
     for slot, key in cache.plan():
         assert torch.equal(eb.slot_view("w2", torch.bfloat16, (H, I))[slot].cpu(), banks[0]["w2"][key])
-    return {"bench": "ft_moe_runtime.gather", "experts": n, "gbs": round(gbs, 2), "copy_gbs": round(ceiling, 2),
-            "ratio": round(gbs / ceiling, 4)}  # fmt: skip
+    return {
+        "bench": "ft_moe_runtime.gather",
+        "experts": n,
+        "gbs": round(gbs, 2),
+        "copy_gbs": round(ceiling, 2),
+        "ratio": round(gbs / ceiling, 4),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
