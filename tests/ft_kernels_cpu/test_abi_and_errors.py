@@ -12,6 +12,7 @@ import pytest
 
 import ft_kernels_cpu as fk
 from ft_kernels_cpu._native import native
+from helpers.checks import assert_add_layer_refused
 from helpers.moe_reference import BF16
 
 H, I, E, TOP_K = 64, 32, 4, 2
@@ -166,21 +167,19 @@ def _banks():
     ],
 )
 def test_add_layer_errors_name_the_bank_and_shape(change, match: str) -> None:
-    ex = fk.MoeExecutor(hidden=H, top_k=TOP_K, max_tokens=4)
-    banks = _banks()
-    kw = {"weight_format": "bf16", "activation": "silu", "options": {}}
-    change(banks, kw)
-    with pytest.raises((ValueError, TypeError), match=match):
-        ex.add_layer(
-            0,
-            kw["weight_format"],
-            num_experts=E,
-            intermediate=I,
-            banks=banks,
-            activation=kw["activation"],
-            options=kw["options"],
-        )
-    assert ex.layers == []
+    assert_add_layer_refused(
+        change,
+        match,
+        _banks(),
+        hidden=H,
+        num_experts=E,
+        top_k=TOP_K,
+        errors=(ValueError, TypeError),
+        weight_format="bf16",
+        intermediate=I,
+        activation="silu",
+        options={},
+    )
 
 
 def test_layer_added_twice_is_refused() -> None:

@@ -6,11 +6,15 @@ import numpy as np
 import pytest
 
 import ft_kernels_cpu as fk
-from helpers.fp4_reference import assert_close, dequant_fp4, fp8_round_trip, random_fp4, random_scales
-from helpers.moe_reference import BF16, activation, random_routes
+from helpers.checks import (
+    assert_add_layer_refused,
+    assert_bits_do_not_depend_on_thread_count,
+    assert_close_to_reference,
+)
+from helpers.fp4_reference import dequant_fp4, fp8_round_trip, random_fp4, random_scales
+from helpers.moe_reference import ACTIVATIONS, BF16, activation, random_inputs, random_routes
 
 TIERS = fk.isa_tiers()
-ACTIVATIONS = ["silu", "gelu", "gelu_tanh", "swigluoai", "swiglu_clamp"]
 
 
 def make_layer(rng: np.random.Generator, E: int, H: int, I: int) -> dict[str, np.ndarray]:
@@ -63,12 +67,12 @@ def check(y, ref, scale, slack, what):
     # accumulation (K * 2^-24 * scale ~ 2^-16 * scale for K <= 300; 2^-13 leaves a factor 8). One
     # element of h off by one e4m3 ulp (2^-3 .. 2^-4 of itself) moves y by ~ 2^-4 * scale / I, above
     # 2^-13 * scale for every I used here (<= 288).
-    assert_close(y, ref, 2.0**-8 * np.abs(ref) + 2.0**-13 * scale + slack + 1e-30, what)
+    assert_close_to_reference(y, ref, scale, what, rel=2.0**-8, mag=2.0**-13, extra=slack)
 
 
-def run_layer(isa, banks, x, ids, w, E, I, act="silu", act_block=128, threads=2, opts=None):
+def run_layer(isa, banks, x, ids, w, E, I, act="silu", act_block=128, opts=None):
     T, H = x.shape
-    ex = fk.MoeExecutor(hidden=H, top_k=ids.shape[1], max_tokens=T, num_threads=threads, isa=isa)
+    ex = fk.MoeExecutor(hidden=H, top_k=ids.shape[1], max_tokens=T, num_threads=2, isa=isa)
     options = {"act_block": float(act_block)} | (opts or {})
     ex.add_layer(0, "ds_fp4", num_experts=E, intermediate=I, banks=banks, activation=act, options=options)
     return ex.run(0, x, ids, w)
@@ -166,12 +170,18 @@ def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
     rng = np.random.default_rng(3)
     E, H, I, top_k, T = 8, 608, 544, 4, 8
     banks = make_layer(rng, E, H, I)
-    x = rng.standard_normal((T, H)).astype(BF16)
-    ids = random_routes(rng, T, top_k, E)
-    w = rng.random((T, top_k)).astype(np.float32)
-    outs = [run_layer(isa, banks, x, ids, w, E, I, threads=n).view(np.uint16).copy() for n in (1, 2, 3, 5)]
-    for o in outs[1:]:
-        np.testing.assert_array_equal(o, outs[0])
+    x, ids, w = random_inputs(rng, T, H, top_k, E)
+    assert_bits_do_not_depend_on_thread_count(
+        isa,
+        "ds_fp4",
+        banks,
+        x,
+        ids,
+        w,
+        num_experts=E,
+        intermediate=I,
+        options={"act_block": 128.0},
+    )
 
 
 H0, I0, E0 = 64, 32, 2
@@ -205,10 +215,14 @@ H0, I0, E0 = 64, 32, 2
     ],
 )
 def test_add_layer_errors_name_the_bank_and_shape(change, match: str) -> None:
-    ex = fk.MoeExecutor(hidden=H0, top_k=2, max_tokens=4)
-    banks = make_layer(np.random.default_rng(0), E0, H0, I0)
-    kw = {"options": {"act_block": 32.0}, "router_weight_on_input": False, "intermediate": I0}
-    change(banks, kw)
-    with pytest.raises(ValueError, match=match):
-        ex.add_layer(0, "ds_fp4", num_experts=E0, banks=banks, **kw)
-    assert ex.layers == []
+    assert_add_layer_refused(
+        change,
+        match,
+        make_layer(np.random.default_rng(0), E0, H0, I0),
+        hidden=H0,
+        num_experts=E0,
+        weight_format="ds_fp4",
+        options={"act_block": 32.0},
+        router_weight_on_input=False,
+        intermediate=I0,
+    )

@@ -7,10 +7,16 @@ import numpy as np
 import pytest
 
 import ft_kernels_cpu as fk
-from helpers.moe_reference import BF16, moe_reference, random_routes
+from helpers.checks import (
+    assert_bits_do_not_depend_on_thread_count,
+    assert_close_to_reference,
+    run_many_tokens_on_few_experts,
+    run_router_weight_on_input,
+    run_swigluoai_options,
+)
+from helpers.moe_reference import ACTIVATIONS, BF16, bias_terms, moe_reference, random_inputs, random_routes
 
 TIERS = fk.isa_tiers()
-ACTIVATIONS = ["silu", "gelu", "gelu_tanh", "swigluoai", "swiglu_clamp"]
 
 
 def make_layer(rng: np.random.Generator, E: int, H: int, I: int, bias: bool = False):
@@ -25,7 +31,6 @@ def make_layer(rng: np.random.Generator, E: int, H: int, I: int, bias: bool = Fa
 
 def reference(banks, x, ids, w, I, act, on_input=False, **opts):
     w13 = banks["w13"].astype(np.float64)
-    b13 = banks.get("w13_bias")
     return moe_reference(
         x,
         ids,
@@ -34,25 +39,18 @@ def reference(banks, x, ids, w, I, act, on_input=False, **opts):
         w13[:, I:],
         banks["w2"],
         act,
-        b_gate=None if b13 is None else b13[:, :I].astype(np.float64),
-        b_up=None if b13 is None else b13[:, I:].astype(np.float64),
-        b_down=None if "w2_bias" not in banks else banks["w2_bias"].astype(np.float64),
+        **bias_terms(banks, slice(None, I), slice(I, None)),
         router_weight_on_input=on_input,
         **opts,
     )
 
 
-def assert_close_to_reference(y: np.ndarray, ref: np.ndarray, scale: np.ndarray, isa: str) -> None:
+def check(y: np.ndarray, ref: np.ndarray, scale: np.ndarray, isa: str) -> None:
     # y is rounded to bf16 (relative error <= 2^-9; 2^-8 leaves a factor 2). The avx512_bf16 tier also
     # rounds the intermediate to bf16 before the down projection: each term is off by <= 2^-9
     # relative, so the sum by <= 2^-9 * scale. fp32 tiers accumulate in fp32 (K * 2^-24 << 2^-11).
     c = 2.0**-8 if isa == "avx512_bf16" else 2.0**-11
-    bound = 2.0**-8 * np.abs(ref) + c * scale + 1e-30
-    err = np.abs(y.astype(np.float64) - ref)
-    worst = np.unravel_index(np.argmax(err / bound), err.shape)
-    assert np.all(err <= bound), (
-        f"{isa}: error {err[worst]:.3g} at {worst} exceeds bound {bound[worst]:.3g} (ref {ref[worst]:.4g})"
-    )
+    assert_close_to_reference(y, ref, scale, isa, rel=2.0**-8, mag=c)
 
 
 @pytest.mark.parametrize("T", [1, 3, 8])
@@ -66,42 +64,36 @@ def test_matches_float64_reference(isa: str, act: str, T: int) -> None:
     opts = {"limit": 3.0} if act == "swiglu_clamp" else {}
     ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=8, num_threads=2, isa=isa)
     ex.add_layer(0, "bf16", num_experts=E, intermediate=I, banks=banks, activation=act, options=opts)
-    x = (2.0 * rng.standard_normal((T, H))).astype(BF16)
-    ids = random_routes(rng, T, top_k, E)
-    w = rng.random((T, top_k)).astype(np.float32)
+    x, ids, w = random_inputs(rng, T, H, top_k, E, x_scale=2.0)
     y = ex.run(0, x, ids, w)
     assert y.dtype == BF16 and y.shape == (T, H)
     ref, scale = reference(banks, x, ids, w, I, act, **opts)
-    assert_close_to_reference(y, ref, scale, isa)
+    check(y, ref, scale, isa)
 
 
 @pytest.mark.parametrize("isa", TIERS)
 def test_biases_and_swigluoai_options(isa: str) -> None:
     rng = np.random.default_rng(7)
-    E, H, I, top_k, T = 4, 96, 48, 4, 3
+    E, H, I = 4, 96, 48
     banks = make_layer(rng, E, H, I, bias=True)
-    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=4, num_threads=2, isa=isa)
     opts = {"alpha": 1.5, "limit": 2.0}
-    ex.add_layer(3, "bf16", num_experts=E, intermediate=I, banks=banks, activation="swigluoai", options=opts)
-    x = (3.0 * rng.standard_normal((T, H))).astype(BF16)
-    ids = random_routes(rng, T, top_k, E)
-    w = rng.random((T, top_k)).astype(np.float32)
+    x, ids, w, y = run_swigluoai_options(
+        rng, isa, "bf16", banks, opts, num_experts=E, hidden=H, intermediate=I
+    )
     ref, scale = reference(banks, x, ids, w, I, "swigluoai", **opts)
-    assert_close_to_reference(ex.run(3, x, ids, w), ref, scale, isa)
+    check(y, ref, scale, isa)
 
 
 @pytest.mark.parametrize("isa", TIERS)
 def test_router_weight_on_input(isa: str) -> None:
     rng = np.random.default_rng(11)
-    E, H, I, top_k, T = 3, 64, 32, 2, 3
+    E, H, I = 3, 64, 32
     banks = make_layer(rng, E, H, I)
-    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=4, num_threads=1, isa=isa)
-    ex.add_layer(0, "bf16", num_experts=E, intermediate=I, banks=banks, router_weight_on_input=True)
-    x = rng.standard_normal((T, H)).astype(BF16)
-    ids = np.array([[0, 2], [1, -1], [2, 2]], dtype=np.int32)
-    w = (0.5 + rng.random((T, top_k))).astype(np.float32)
+    x, ids, w, y = run_router_weight_on_input(
+        rng, isa, "bf16", banks, num_experts=E, hidden=H, intermediate=I
+    )
     ref, scale = reference(banks, x, ids, w, I, "silu", on_input=True)
-    assert_close_to_reference(ex.run(0, x, ids, w), ref, scale, isa)
+    check(y, ref, scale, isa)
     # silu is not linear: weighting the input must differ from weighting the output.
     ref_out, _ = reference(banks, x, ids, w, I, "silu", on_input=False)
     assert np.abs(ref - ref_out).max() > 1e-2
@@ -112,17 +104,8 @@ def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
     rng = np.random.default_rng(3)
     E, H, I, top_k, T = 8, 300, 200, 6, 8
     banks = make_layer(rng, E, H, I)
-    x = rng.standard_normal((T, H)).astype(BF16)
-    ids = random_routes(rng, T, top_k, E)
-    w = rng.random((T, top_k)).astype(np.float32)
-    outs = []
-    for threads in (1, 2, 3, 5):
-        ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T, num_threads=threads, isa=isa)
-        assert ex.num_threads == threads
-        ex.add_layer(0, "bf16", num_experts=E, intermediate=I, banks=banks)
-        outs.append(ex.run(0, x, ids, w).view(np.uint16).copy())
-    for o in outs[1:]:
-        np.testing.assert_array_equal(o, outs[0])
+    x, ids, w = random_inputs(rng, T, H, top_k, E)
+    assert_bits_do_not_depend_on_thread_count(isa, "bf16", banks, x, ids, w, num_experts=E, intermediate=I)
 
 
 def test_layers_with_different_shapes_and_activations() -> None:
@@ -141,7 +124,7 @@ def test_layers_with_different_shapes_and_activations() -> None:
         E, I, act = specs[layer]
         ids = random_routes(rng, T, top_k, E)
         ref, scale = reference(layers[layer], x, ids, w, I, act)
-        assert_close_to_reference(ex.run(layer, x, ids, w), ref, scale, ex.isa)
+        check(ex.run(layer, x, ids, w), ref, scale, ex.isa)
 
 
 def test_skipped_routes_and_empty_tasks_give_zeros() -> None:
@@ -159,7 +142,7 @@ def test_skipped_routes_and_empty_tasks_give_zeros() -> None:
     y = ex.run(0, x, ids, w).astype(np.float64)
     assert np.all(y[0] == 0) and np.all(y[2] == 0) and np.abs(y[1]).max() > 0
     ref, scale = reference(banks, x, ids, w, I, "silu")
-    assert_close_to_reference(y, ref, scale, ex.isa)
+    check(y, ref, scale, ex.isa)
     # Zero tokens is a valid (empty) task.
     assert ex.run(0, x[:0], ids[:0], w[:0]).shape == (0, H)
 
@@ -195,15 +178,11 @@ def test_isa_reporting() -> None:
 
 @pytest.mark.parametrize("isa", TIERS)
 def test_many_tokens_on_few_experts(isa: str) -> None:
-    # 8 tokens x 6 routes on 2 experts: the batched kernels take chunks of up to 8 routes per expert.
     rng = np.random.default_rng(13)
-    E, H, I, top_k, T = 2, 136, 72, 6, 8
+    E, H, I = 2, 136, 72
     banks = make_layer(rng, E, H, I, bias=True)
-    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T, num_threads=2, isa=isa)
-    ex.add_layer(0, "bf16", num_experts=E, intermediate=I, banks=banks, activation="gelu")
-    x = rng.standard_normal((T, H)).astype(BF16)
-    ids = rng.integers(0, E, (T, top_k)).astype(np.int32)
-    ids[2, 3] = -1
-    w = rng.random((T, top_k)).astype(np.float32)
+    x, ids, w, y = run_many_tokens_on_few_experts(
+        rng, isa, "bf16", banks, num_experts=E, hidden=H, intermediate=I
+    )
     ref, scale = reference(banks, x, ids, w, I, "gelu")
-    assert_close_to_reference(ex.run(0, x, ids, w), ref, scale, isa)
+    check(y, ref, scale, isa)

@@ -7,22 +7,23 @@ import numpy as np
 import pytest
 
 import ft_kernels_cpu as fk
-from helpers.moe_reference import BF16, moe_reference, random_routes
+from helpers.checks import (
+    assert_add_layer_refused,
+    assert_bits_do_not_depend_on_thread_count,
+    assert_close_to_reference,
+    run_many_tokens_on_few_experts,
+    run_router_weight_on_input,
+    run_swigluoai_options,
+)
+from helpers.fp4_reference import random_e4m3_codes
+from helpers.moe_reference import ACTIVATIONS, BF16, bias_terms, moe_reference, random_inputs
 
 TIERS = fk.isa_tiers()
-ACTIVATIONS = ["silu", "gelu", "gelu_tanh", "swigluoai", "swiglu_clamp"]
 E4M3 = ml_dtypes.float8_e4m3fn
 
 
 def nb(n: int, B: int) -> int:
     return -(-n // B)
-
-
-def random_codes(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    """Uniform e4m3fn codes (subnormals and both zeros included) without the NaNs 0x7f / 0xff."""
-    codes = rng.integers(0, 254, size=shape).astype(np.uint8)
-    codes[codes >= 0x7F] += 1  # 0..253 -> every code except 0x7f and 0xff
-    return codes
 
 
 def dequant(codes: np.ndarray, scale: np.ndarray, B: int) -> np.ndarray:
@@ -38,9 +39,9 @@ def make_layer(rng: np.random.Generator, E: int, H: int, I: int, B: int, bias: b
         return ((0.5 + rng.random((E, *dims))) / (110.0 * np.sqrt(K))).astype(np.float32)
 
     banks = {
-        "w13": random_codes(rng, (E, 2 * I, H)),
+        "w13": random_e4m3_codes(rng, (E, 2 * I, H)),
         "w13_scale": scales(2 * nb(I, B), nb(H, B), K=H),
-        "w2": random_codes(rng, (E, H, I)),
+        "w2": random_e4m3_codes(rng, (E, H, I)),
         "w2_scale": scales(nb(H, B), nb(I, B), K=I),
     }
     if bias:
@@ -56,7 +57,6 @@ def reference(banks, x, ids, w, I, B, act, on_input=False, **opts):
     gate = dequant(banks["w13"][:, :I], banks["w13_scale"][:, :nbI], B)
     up = dequant(banks["w13"][:, I:], banks["w13_scale"][:, nbI:], B)
     down = dequant(banks["w2"], banks["w2_scale"], B)
-    b13 = banks.get("w13_bias")
     return moe_reference(
         x,
         ids,
@@ -65,15 +65,13 @@ def reference(banks, x, ids, w, I, B, act, on_input=False, **opts):
         up,
         down,
         act,
-        b_gate=None if b13 is None else b13[:, :I].astype(np.float64),
-        b_up=None if b13 is None else b13[:, I:].astype(np.float64),
-        b_down=None if "w2_bias" not in banks else banks["w2_bias"].astype(np.float64),
+        **bias_terms(banks, slice(None, I), slice(I, None)),
         router_weight_on_input=on_input,
         **opts,
     )
 
 
-def assert_close_to_reference(y: np.ndarray, ref: np.ndarray, scale: np.ndarray, isa: str) -> None:
+def check(y: np.ndarray, ref: np.ndarray, scale: np.ndarray, isa: str) -> None:
     # The weights are exact in fp32 (an e4m3 value times an f32 scale is applied as a per-block sum
     # times the scale, all fp32), so every tier only adds fp32 accumulation error (K * 2^-24 relative
     # to the magnitude sum, far below 2^-11 for these K) and the bf16 rounding of y (<= 2^-9
@@ -82,12 +80,7 @@ def assert_close_to_reference(y: np.ndarray, ref: np.ndarray, scale: np.ndarray,
     # intermediate is rounded to bf16 before the down projection: each term off by <= 2^-9 relative,
     # the sum by <= 2^-9 * scale (2^-8 leaves a factor 2), as in the bf16 format.
     c = 2.0**-8 if isa == "avx512_bf16" else 2.0**-11
-    bound = 2.0**-8 * np.abs(ref) + c * scale + 1e-30
-    err = np.abs(y.astype(np.float64) - ref)
-    worst = np.unravel_index(np.argmax(err / bound), err.shape)
-    assert np.all(err <= bound), (
-        f"{isa}: error {err[worst]:.3g} at {worst} exceeds bound {bound[worst]:.3g} (ref {ref[worst]:.4g})"
-    )
+    assert_close_to_reference(y, ref, scale, isa, rel=2.0**-8, mag=c)
 
 
 def run_case(isa, act, T, rng, B, E=5, H=None, I=None, top_k=4, threads=2):
@@ -107,13 +100,11 @@ def run_case(isa, act, T, rng, B, E=5, H=None, I=None, top_k=4, threads=2):
         activation=act,
         options={**opts, **fmt_opts},
     )
-    x = (2.0 * rng.standard_normal((T, H))).astype(BF16)
-    ids = random_routes(rng, T, top_k, E)
-    w = rng.random((T, top_k)).astype(np.float32)
+    x, ids, w = random_inputs(rng, T, H, top_k, E, x_scale=2.0)
     y = ex.run(0, x, ids, w)
     assert y.dtype == BF16 and y.shape == (T, H)
     ref, scale = reference(banks, x, ids, w, I, B, act, **opts)
-    assert_close_to_reference(y, ref, scale, isa)
+    check(y, ref, scale, isa)
 
 
 @pytest.mark.parametrize("T", [1, 3, 8])
@@ -136,32 +127,26 @@ def test_large_blocks_partial_at_both_edges(isa: str) -> None:
 @pytest.mark.parametrize("isa", TIERS)
 def test_biases_and_swigluoai_options(isa: str) -> None:
     rng = np.random.default_rng(7)
-    E, H, I, top_k, T, B = 4, 96, 48, 4, 3, 32
+    E, H, I, B = 4, 96, 48, 32
     banks = make_layer(rng, E, H, I, B, bias=True)
-    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=4, num_threads=2, isa=isa)
     opts = {"alpha": 1.5, "limit": 2.0, "block_size": B}
-    ex.add_layer(
-        3, "fp8_block", num_experts=E, intermediate=I, banks=banks, activation="swigluoai", options=opts
+    x, ids, w, y = run_swigluoai_options(
+        rng, isa, "fp8_block", banks, opts, num_experts=E, hidden=H, intermediate=I
     )
-    x = (3.0 * rng.standard_normal((T, H))).astype(BF16)
-    ids = random_routes(rng, T, top_k, E)
-    w = rng.random((T, top_k)).astype(np.float32)
     ref, scale = reference(banks, x, ids, w, I, B, "swigluoai", alpha=1.5, limit=2.0)
-    assert_close_to_reference(ex.run(3, x, ids, w), ref, scale, isa)
+    check(y, ref, scale, isa)
 
 
 @pytest.mark.parametrize("isa", TIERS)
 def test_router_weight_on_input(isa: str) -> None:
     rng = np.random.default_rng(11)
-    E, H, I, top_k, T = 3, 64, 32, 2, 3
+    E, H, I = 3, 64, 32
     banks = make_layer(rng, E, H, I, 128)
-    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=4, num_threads=1, isa=isa)
-    ex.add_layer(0, "fp8_block", num_experts=E, intermediate=I, banks=banks, router_weight_on_input=True)
-    x = rng.standard_normal((T, H)).astype(BF16)
-    ids = np.array([[0, 2], [1, -1], [2, 2]], dtype=np.int32)
-    w = (0.5 + rng.random((T, top_k))).astype(np.float32)
+    x, ids, w, y = run_router_weight_on_input(
+        rng, isa, "fp8_block", banks, num_experts=E, hidden=H, intermediate=I
+    )
     ref, scale = reference(banks, x, ids, w, I, 128, "silu", on_input=True)
-    assert_close_to_reference(ex.run(0, x, ids, w), ref, scale, isa)
+    check(y, ref, scale, isa)
 
 
 @pytest.mark.parametrize("isa", TIERS)
@@ -169,17 +154,10 @@ def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
     rng = np.random.default_rng(3)
     E, H, I, top_k, T, B = 8, 300, 200, 6, 8, 64
     banks = make_layer(rng, E, H, I, B)
-    x = rng.standard_normal((T, H)).astype(BF16)
-    ids = random_routes(rng, T, top_k, E)
-    w = rng.random((T, top_k)).astype(np.float32)
-    outs = []
-    for threads in (1, 2, 3, 5):
-        ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T, num_threads=threads, isa=isa)
-        assert ex.num_threads == threads
-        ex.add_layer(0, "fp8_block", num_experts=E, intermediate=I, banks=banks, options={"block_size": B})
-        outs.append(ex.run(0, x, ids, w).view(np.uint16).copy())
-    for o in outs[1:]:
-        np.testing.assert_array_equal(o, outs[0])
+    x, ids, w = random_inputs(rng, T, H, top_k, E)
+    assert_bits_do_not_depend_on_thread_count(
+        isa, "fp8_block", banks, x, ids, w, num_experts=E, intermediate=I, options={"block_size": B}
+    )
 
 
 @pytest.mark.parametrize("isa", TIERS)
@@ -198,29 +176,23 @@ def test_zero_and_subnormal_codes(isa: str) -> None:
         banks[name + "_scale"] *= np.float32(2.0**12)  # |codes| <= 15/8 * 2^-6 instead of ~110
     ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=4, num_threads=2, isa=isa)
     ex.add_layer(0, "fp8_block", num_experts=E, intermediate=I, banks=banks, options={"block_size": B})
-    x = rng.standard_normal((T, H)).astype(BF16)
-    ids = random_routes(rng, T, top_k, E)
-    w = rng.random((T, top_k)).astype(np.float32)
+    x, ids, w = random_inputs(rng, T, H, top_k, E)
     ref, scale = reference(banks, x, ids, w, I, B, "silu")
     assert np.abs(ref).max() > 0.1
-    assert_close_to_reference(ex.run(0, x, ids, w), ref, scale, isa)
+    check(ex.run(0, x, ids, w), ref, scale, isa)
 
 
 @pytest.mark.parametrize("isa", TIERS)
 def test_many_tokens_on_few_experts(isa: str) -> None:
-    # 8 tokens x 6 routes on 2 experts: the batched kernels take chunks of up to 8 routes per expert
-    # (the last chunk shorter), over full 64-element chunks and tails.
+    # Over full 64-element chunks and tails.
     rng = np.random.default_rng(13)
-    E, H, I, top_k, T, B = 2, 300, 136, 6, 8, 128
+    E, H, I, B = 2, 300, 136, 128
     banks = make_layer(rng, E, H, I, B, bias=True)
-    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T, num_threads=2, isa=isa)
-    ex.add_layer(0, "fp8_block", num_experts=E, intermediate=I, banks=banks, activation="gelu")
-    x = rng.standard_normal((T, H)).astype(BF16)
-    ids = rng.integers(0, E, (T, top_k)).astype(np.int32)
-    ids[2, 3] = -1
-    w = rng.random((T, top_k)).astype(np.float32)
+    x, ids, w, y = run_many_tokens_on_few_experts(
+        rng, isa, "fp8_block", banks, num_experts=E, hidden=H, intermediate=I
+    )
     ref, scale = reference(banks, x, ids, w, I, B, "gelu")
-    assert_close_to_reference(ex.run(0, x, ids, w), ref, scale, isa)
+    check(y, ref, scale, isa)
 
 
 E_, H_, I_ = 4, 64, 40  # errors: nb(I) = 1 at B=128, 3 at B=16
@@ -272,12 +244,16 @@ def _banks(B: int = 128) -> dict[str, np.ndarray]:
     ],
 )
 def test_add_layer_errors_name_the_bank_and_shape(change, match: str) -> None:
-    ex = fk.MoeExecutor(hidden=H_, top_k=2, max_tokens=4)
-    banks, opts = _banks(), {}
-    change(banks, opts)
-    with pytest.raises(ValueError, match=match):
-        ex.add_layer(0, "fp8_block", num_experts=E_, intermediate=I_, banks=banks, options=opts)
-    assert ex.layers == []
+    assert_add_layer_refused(
+        lambda b, kw: change(b, kw["options"]),
+        match,
+        _banks(),
+        hidden=H_,
+        num_experts=E_,
+        weight_format="fp8_block",
+        intermediate=I_,
+        options={},
+    )
 
 
 def test_block_size_option_sets_the_scale_grid() -> None:

@@ -9,10 +9,15 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize, quantize
 
 import ft_kernels_cpu as fk
-from helpers.moe_reference import BF16, activation, moe_reference, random_routes
+from helpers.checks import (
+    assert_bits_do_not_depend_on_thread_count,
+    assert_close_to_reference,
+    run_many_tokens_on_few_experts,
+)
+from helpers.int8_bounds import int8_error_bound
+from helpers.moe_reference import ACTIVATIONS, BF16, activation, moe_reference, random_inputs
 
 TIERS = fk.isa_tiers()
-ACTIVATIONS = ["silu", "gelu", "gelu_tanh", "swigluoai", "swiglu_clamp"]
 TYPES = [Q.Q8_0, Q.Q4_0, Q.BF16, Q.F16, Q.MXFP4, Q.Q4_K, Q.Q6_K, Q.Q5_K]
 # Types gguf can quantize from floats; the K-quants are built byte by byte (random codes, valid scales).
 QUANTIZABLE = {Q.Q8_0, Q.Q4_0, Q.BF16, Q.F16, Q.MXFP4}
@@ -86,47 +91,7 @@ def shape_for(rng, gu: Q, dn: Q) -> tuple[int, int]:
     ) == 256 else pick(dn, 2, 7)
 
 
-def block_amax(v: np.ndarray, group: int) -> np.ndarray:
-    """max |v| over each `group`-element block of the last axis, repeated per element."""
-    a = np.abs(v).reshape(*v.shape[:-1], -1, group).max(axis=-1)
-    return np.repeat(a, group, axis=-1)
-
-
-def int8_error_bound(x, ids, w, wref, act, on_input, q8_in, q8_down, groups=(32, 32), **act_options):
-    """Bound on |y - y_ref| added by the int8 activations of the avx512_bf16 tier (VNNI paths).
-
-    x (q8_in) and the intermediate h (q8_down) are rounded per group (32 elements, 256 for K-quant
-    weights: `groups` of x and h) to int8 steps of amax/127:
-    an element moves by at most amax_block/254. Through gate/up that moves g, u by at most
-    dg = |W_gate| @ ex, du = |W_up| @ ex; every activation here has |dh/dg| <= 1.2 * (|u| + 1) and
-    |dh/du| <= |g| (their gate-side factor silu/gelu/... is <= |g|, its slope <= 1.13; clamps only
-    shrink), so over the box h moves by at most 1.2 * (|u| + du + 1) * dg + (|g| + dg) * du. The
-    rounding of h then adds amax_block(|h| + dh)/254 per element; W_down spreads both, router
-    weights scale them. Computed from the float64 reference, never from the executor.
-    """
-    T, k = ids.shape
-    bound = np.zeros((T, wref["w_down"].shape[1]))
-    x = x.astype(np.float64)
-    for t in range(T):
-        for r in range(k):
-            e = int(ids[t, r])
-            if e < 0:
-                continue
-            wt = float(w[t, r])
-            xin = wt * x[t] if on_input else x[t]
-            g = wref["w_gate"][e] @ xin + (wref["b_gate"][e] if "b_gate" in wref else 0.0)
-            u = wref["w_up"][e] @ xin + (wref["b_up"][e] if "b_up" in wref else 0.0)
-            ex = block_amax(xin, groups[0]) / 254.0 if q8_in else np.zeros_like(xin)
-            dg, du = np.abs(wref["w_gate"][e]) @ ex, np.abs(wref["w_up"][e]) @ ex
-            dh = 1.2 * (np.abs(u) + du + 1.0) * dg + (np.abs(g) + dg) * du
-            h = activation(act, g, u, **act_options)
-            eh = block_amax(np.abs(h) + dh, groups[1]) / 254.0 if q8_down else 0.0
-            bound[t] += (1.0 if on_input else abs(wt)) * (np.abs(wref["w_down"][e]) @ (dh + eh))
-    # fp32 evaluation of the bound's own terms and the bf16 rounding of the extra: a 2% margin.
-    return 1.02 * bound
-
-
-def assert_close_to_reference(
+def check(
     y: np.ndarray, ref: np.ndarray, scale: np.ndarray, what: str, extra: np.ndarray | float = 0.0
 ) -> None:
     # y is rounded to bf16 (relative error <= 2^-9; 2^-8 leaves a factor 2). Every tier dequantizes
@@ -134,12 +99,7 @@ def assert_close_to_reference(
     # dmin*m once, as gguf does, to 2^-24) and accumulates in fp32 (K * 2^-24 << 2^-11), and the
     # intermediate stays fp32: 2^-11 of the magnitude `scale` covers all of it with a wide margin.
     # `extra`: the int8-activation bound (int8_error_bound) where a VNNI path runs.
-    bound = 2.0**-8 * np.abs(ref) + 2.0**-11 * scale + extra + 1e-30
-    err = np.abs(y.astype(np.float64) - ref)
-    worst = np.unravel_index(np.argmax(err / bound), err.shape)
-    assert np.all(err <= bound), (
-        f"{what}: error {err[worst]:.3g} at {worst} exceeds bound {bound[worst]:.3g} (ref {ref[worst]:.4g})"
-    )
+    assert_close_to_reference(y, ref, scale, what, rel=2.0**-8, mag=2.0**-11, extra=extra)
 
 
 def run_case(isa, gu, dn, act, T, seed, bias=False, on_input=False, opts=None):
@@ -159,14 +119,12 @@ def run_case(isa, gu, dn, act, T, seed, bias=False, on_input=False, opts=None):
         options={**options, **opts},
         router_weight_on_input=on_input,
     )
-    x = (2.0 * rng.standard_normal((T, H))).astype(BF16)
-    ids = random_routes(rng, T, top_k, E)
-    w = rng.random((T, top_k)).astype(np.float32)
+    x, ids, w = random_inputs(rng, T, H, top_k, E, x_scale=2.0)
     y = ex.run(0, x, ids, w)
     assert y.dtype == BF16 and y.shape == (T, H)
     ref, scale = moe_reference(x, ids, w, act=act, router_weight_on_input=on_input, **wref, **opts)
     extra = reference_extra(isa, gu, dn, x, ids, w, wref, act, on_input, opts)
-    assert_close_to_reference(y, ref, scale, f"{isa} {gu.name}/{dn.name} {act} T={T} H={H} I={I}", extra)
+    check(y, ref, scale, f"{isa} {gu.name}/{dn.name} {act} T={T} H={H} I={I}", extra)
 
 
 def reference_extra(isa, gu, dn, x, ids, w, wref, act, on_input, opts):
@@ -206,16 +164,10 @@ def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
     rng = np.random.default_rng(3)
     E, H, I, top_k, T = 8, 512, 256, 6, 8
     banks, _, options = make_layer(rng, E, H, I, Q.Q4_K, Q.Q6_K)
-    x = rng.standard_normal((T, H)).astype(BF16)
-    ids = random_routes(rng, T, top_k, E)
-    w = rng.random((T, top_k)).astype(np.float32)
-    outs = []
-    for threads in (1, 2, 3, 5):
-        ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T, num_threads=threads, isa=isa)
-        ex.add_layer(0, "gguf", num_experts=E, intermediate=I, banks=banks, options=options)
-        outs.append(ex.run(0, x, ids, w).view(np.uint16).copy())
-    for o in outs[1:]:
-        np.testing.assert_array_equal(o, outs[0])
+    x, ids, w = random_inputs(rng, T, H, top_k, E)
+    assert_bits_do_not_depend_on_thread_count(
+        isa, "gguf", banks, x, ids, w, num_experts=E, intermediate=I, options=options
+    )
 
 
 @pytest.mark.parametrize(
@@ -223,20 +175,16 @@ def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
 )
 @pytest.mark.parametrize("isa", TIERS)
 def test_many_tokens_on_few_experts(isa: str, gu: Q, dn: Q) -> None:
-    # 8 tokens x 6 routes on 2 experts: the batched kernels take chunks of up to 8 routes per expert.
     rng = np.random.default_rng(13)
-    E, top_k, T = 2, 6, 8
+    E = 2
     H, I = shape_for(rng, gu, dn)
     banks, wref, options = make_layer(rng, E, H, I, gu, dn, bias=True)
-    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T, num_threads=2, isa=isa)
-    ex.add_layer(0, "gguf", num_experts=E, intermediate=I, banks=banks, activation="gelu", options=options)
-    x = rng.standard_normal((T, H)).astype(BF16)
-    ids = rng.integers(0, E, (T, top_k)).astype(np.int32)
-    ids[2, 3] = -1
-    w = rng.random((T, top_k)).astype(np.float32)
+    x, ids, w, y = run_many_tokens_on_few_experts(
+        rng, isa, "gguf", banks, num_experts=E, hidden=H, intermediate=I, options=options
+    )
     ref, scale = moe_reference(x, ids, w, act="gelu", **wref)
     extra = reference_extra(isa, gu, dn, x, ids, w, wref, "gelu", False, {})
-    assert_close_to_reference(ex.run(0, x, ids, w), ref, scale, f"{isa} {gu.name}/{dn.name}", extra)
+    check(y, ref, scale, f"{isa} {gu.name}/{dn.name}", extra)
 
 
 def q8_emulate(v: np.ndarray, group: int, flips: bool = False):
@@ -300,11 +248,9 @@ def test_int8_paths_match_an_int8_emulation(gu: Q, dn: Q, T: int) -> None:
             ).reshape(wref[key].shape)
     ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=8, num_threads=2, isa="avx512_bf16")
     ex.add_layer(0, "gguf", num_experts=E, intermediate=I, banks=banks, options=options)
-    x = (2.0 * rng.standard_normal((T, H))).astype(BF16)
-    ids = random_routes(rng, T, top_k, E)
-    w = rng.random((T, top_k)).astype(np.float32)
+    x, ids, w = random_inputs(rng, T, H, top_k, E, x_scale=2.0)
     ref, scale, flip = int8_emulated_reference(x, ids, w, wref, "silu", int8_group(gu), int8_group(dn))
-    assert_close_to_reference(ex.run(0, x, ids, w), ref, scale, f"{gu.name}/{dn.name} T={T}", 1.01 * flip)
+    check(ex.run(0, x, ids, w), ref, scale, f"{gu.name}/{dn.name} T={T}", 1.01 * flip)
 
 
 def test_errors_name_the_bank_option_and_expected_shape() -> None:

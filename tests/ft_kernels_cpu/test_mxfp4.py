@@ -6,11 +6,15 @@ import numpy as np
 import pytest
 
 import ft_kernels_cpu as fk
-from helpers.fp4_reference import assert_close, dequant_fp4, random_fp4, random_scales
-from helpers.moe_reference import BF16, moe_reference, random_routes
+from helpers.checks import (
+    assert_add_layer_refused,
+    assert_bits_do_not_depend_on_thread_count,
+    assert_close_to_reference,
+)
+from helpers.fp4_reference import dequant_fp4, random_fp4, random_scales
+from helpers.moe_reference import ACTIVATIONS, BF16, bias_terms, moe_reference, random_inputs
 
 TIERS = fk.isa_tiers()
-ACTIVATIONS = ["silu", "gelu", "gelu_tanh", "swigluoai", "swiglu_clamp"]
 
 
 def make_layer(rng: np.random.Generator, E: int, H: int, I: int, bias: bool = True) -> dict[str, np.ndarray]:
@@ -30,7 +34,6 @@ def make_layer(rng: np.random.Generator, E: int, H: int, I: int, bias: bool = Tr
 def reference(banks, x, ids, w, act, **opts):
     w13 = dequant_fp4(banks["w13"], banks["w13_scale"])  # [E, 2I, H], rows interleaved gate/up
     w2 = dequant_fp4(banks["w2"], banks["w2_scale"])
-    b13 = banks.get("w13_bias")
     return moe_reference(
         x,
         ids,
@@ -39,9 +42,7 @@ def reference(banks, x, ids, w, act, **opts):
         w13[:, 1::2],
         w2,
         act,
-        b_gate=None if b13 is None else b13[:, 0::2].astype(np.float64),
-        b_up=None if b13 is None else b13[:, 1::2].astype(np.float64),
-        b_down=None if "w2_bias" not in banks else banks["w2_bias"].astype(np.float64),
+        **bias_terms(banks, slice(0, None, 2), slice(1, None, 2)),
         **opts,
     )
 
@@ -52,12 +53,12 @@ def check(y: np.ndarray, ref: np.ndarray, scale: np.ndarray, isa: str) -> None:
     # (K * 2^-24 * scale << 2^-11 * scale for K <= 300), and on avx512_bf16 the intermediate rounded
     # to bf16 before the down projection (each term off by <= 2^-9 relative: <= 2^-9 * scale).
     c = 2.0**-8 if isa == "avx512_bf16" else 2.0**-11
-    assert_close(y, ref, 2.0**-8 * np.abs(ref) + c * scale + 1e-30, f"mxfp4 {isa}")
+    assert_close_to_reference(y, ref, scale, f"mxfp4 {isa}", rel=2.0**-8, mag=c)
 
 
-def run_layer(isa, banks, x, ids, w, E, I, act="silu", threads=2, opts=None):
+def run_layer(isa, banks, x, ids, w, E, I, act="silu", opts=None):
     T, H = x.shape
-    ex = fk.MoeExecutor(hidden=H, top_k=ids.shape[1], max_tokens=T, num_threads=threads, isa=isa)
+    ex = fk.MoeExecutor(hidden=H, top_k=ids.shape[1], max_tokens=T, num_threads=2, isa=isa)
     ex.add_layer(0, "mxfp4", num_experts=E, intermediate=I, banks=banks, activation=act, options=opts or {})
     return ex.run(0, x, ids, w)
 
@@ -80,9 +81,7 @@ def test_matches_float64_reference(isa: str, act: str, T: int) -> None:
     E, top_k = 5, 4
     banks = make_layer(rng, E, H, I, bias=T != 1)
     opts = {"limit": 3.0} if act == "swiglu_clamp" else {}
-    x = (2.0 * rng.standard_normal((T, H))).astype(BF16)
-    ids = random_routes(rng, T, top_k, E)
-    w = rng.random((T, top_k)).astype(np.float32)
+    x, ids, w = random_inputs(rng, T, H, top_k, E, x_scale=2.0)
     y = run_layer(isa, banks, x, ids, w, E, I, act, opts=opts)
     assert y.dtype == BF16 and y.shape == (T, H)
     ref, scale = reference(banks, x, ids, w, act, **opts)
@@ -94,9 +93,7 @@ def test_swigluoai_options_and_gate_up_interleave(isa: str) -> None:
     rng = np.random.default_rng(17)
     E, H, I, top_k, T = 3, 64, 64, 2, 3
     banks = make_layer(rng, E, H, I)
-    x = (3.0 * rng.standard_normal((T, H))).astype(BF16)
-    ids = random_routes(rng, T, top_k, E)
-    w = rng.random((T, top_k)).astype(np.float32)
+    x, ids, w = random_inputs(rng, T, H, top_k, E, x_scale=3.0)
     opts = {"alpha": 1.5, "limit": 2.0}
     y = run_layer(isa, banks, x, ids, w, E, I, "swigluoai", opts=opts)
     ref, scale = reference(banks, x, ids, w, "swigluoai", **opts)
@@ -136,21 +133,15 @@ def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
     rng = np.random.default_rng(3)
     E, H, I, top_k, T = 8, 608, 544, 4, 8
     banks = make_layer(rng, E, H, I)
-    x = rng.standard_normal((T, H)).astype(BF16)
-    ids = random_routes(rng, T, top_k, E)
-    w = rng.random((T, top_k)).astype(np.float32)
-    outs = [run_layer(isa, banks, x, ids, w, E, I, threads=n).view(np.uint16).copy() for n in (1, 2, 3, 5)]
-    for o in outs[1:]:
-        np.testing.assert_array_equal(o, outs[0])
+    x, ids, w = random_inputs(rng, T, H, top_k, E)
+    assert_bits_do_not_depend_on_thread_count(isa, "mxfp4", banks, x, ids, w, num_experts=E, intermediate=I)
 
 
 def test_prefetch_never_changes_results() -> None:
     rng = np.random.default_rng(4)
     E, H, I, top_k, T = 4, 160, 96, 2, 3
     banks = make_layer(rng, E, H, I)
-    x = rng.standard_normal((T, H)).astype(BF16)
-    ids = random_routes(rng, T, top_k, E)
-    w = rng.random((T, top_k)).astype(np.float32)
+    x, ids, w = random_inputs(rng, T, H, top_k, E)
     outs = []
     for pf in (0, 64, 8192):
         ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T, prefetch_bytes=pf)
@@ -194,13 +185,17 @@ def _banks() -> dict[str, np.ndarray]:
     ],
 )
 def test_add_layer_errors_name_the_bank_and_shape(change, match: str) -> None:
-    ex = fk.MoeExecutor(hidden=H0, top_k=2, max_tokens=4)
-    banks = _banks()
-    kw = {"options": {}, "router_weight_on_input": False, "intermediate": I0}
-    change(banks, kw)
-    with pytest.raises(ValueError, match=match):
-        ex.add_layer(0, "mxfp4", num_experts=E0, banks=banks, **kw)
-    assert ex.layers == []
+    assert_add_layer_refused(
+        change,
+        match,
+        _banks(),
+        hidden=H0,
+        num_experts=E0,
+        weight_format="mxfp4",
+        options={},
+        router_weight_on_input=False,
+        intermediate=I0,
+    )
 
 
 def test_hidden_must_be_a_multiple_of_32() -> None:

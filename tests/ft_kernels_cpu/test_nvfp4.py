@@ -7,19 +7,21 @@ import numpy as np
 import pytest
 
 import ft_kernels_cpu as fk
-from helpers.moe_reference import BF16, activation, moe_reference, random_routes
+from helpers.checks import (
+    assert_add_layer_refused,
+    assert_bits_do_not_depend_on_thread_count,
+    assert_close_to_reference,
+    run_many_tokens_on_few_experts,
+    run_router_weight_on_input,
+    run_swigluoai_options,
+)
+from helpers.fp4_reference import random_e4m3_codes
+from helpers.int8_bounds import block_amax
+from helpers.moe_reference import ACTIVATIONS, BF16, activation, bias_terms, moe_reference, random_inputs
 
 TIERS = fk.isa_tiers()
-ACTIVATIONS = ["silu", "gelu", "gelu_tanh", "swigluoai", "swiglu_clamp"]
 E4M3 = ml_dtypes.float8_e4m3fn
 E2M1 = ml_dtypes.float4_e2m1fn
-
-
-def e4m3_codes(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    """Uniform e4m3fn codes (subnormals, zeros and negatives included) without the NaNs 0x7f / 0xff."""
-    codes = rng.integers(0, 254, size=shape).astype(np.uint8)
-    codes[codes >= 0x7F] += 1
-    return codes
 
 
 def dequant(packed: np.ndarray, scale: np.ndarray, scale_2: np.ndarray) -> np.ndarray:
@@ -38,10 +40,10 @@ def make_layer(rng: np.random.Generator, E: int, H: int, I: int, bias: bool = Fa
     # scale brings dot products to O(1).
     banks = {
         "w13": rng.integers(0, 256, size=(E, 2 * I, H // 2)).astype(np.uint8),
-        "w13_scale": e4m3_codes(rng, (E, 2 * I, H // 16)),
+        "w13_scale": random_e4m3_codes(rng, (E, 2 * I, H // 16)),
         "w13_scale_2": ((0.5 + rng.random((E, 2 * I))) / (330.0 * np.sqrt(H))).astype(np.float32),
         "w2": rng.integers(0, 256, size=(E, H, I // 2)).astype(np.uint8),
-        "w2_scale": e4m3_codes(rng, (E, H, I // 16)),
+        "w2_scale": random_e4m3_codes(rng, (E, H, I // 16)),
         "w2_scale_2": ((0.5 + rng.random((E, H))) / (330.0 * np.sqrt(I))).astype(np.float32),
     }
     if bias:
@@ -52,8 +54,7 @@ def make_layer(rng: np.random.Generator, E: int, H: int, I: int, bias: bool = Fa
 
 def group_step(v: np.ndarray) -> np.ndarray:
     """Per element, the int8 step of its group of 16 (amax / 127), as the int8 path quantizes."""
-    amax = np.abs(v).reshape(*v.shape[:-1], -1, 16).max(axis=-1)
-    return np.repeat(amax / 127.0, 16, axis=-1)
+    return block_amax(v, 16) / 127.0
 
 
 def act_spread(act: str, g: np.ndarray, u: np.ndarray, eg: np.ndarray, eu: np.ndarray, **opts) -> np.ndarray:
@@ -73,22 +74,10 @@ def reference(banks, x, ids, w, I, act, on_input=False, **opts):
     what the int8-activation path (tier avx512_bf16) adds by quantizing x and the intermediate."""
     w13 = dequant(banks["w13"], banks["w13_scale"], banks["w13_scale_2"])
     down = dequant(banks["w2"], banks["w2_scale"], banks["w2_scale_2"])
-    b13 = banks.get("w13_bias")
-    b_gate = None if b13 is None else b13[:, :I].astype(np.float64)
-    b_up = None if b13 is None else b13[:, I:].astype(np.float64)
+    biases = bias_terms(banks, slice(None, I), slice(I, None))
+    b_gate, b_up = biases["b_gate"], biases["b_up"]
     ref, scale = moe_reference(
-        x,
-        ids,
-        w,
-        w13[:, :I],
-        w13[:, I:],
-        down,
-        act,
-        b_gate=b_gate,
-        b_up=b_up,
-        b_down=None if "w2_bias" not in banks else banks["w2_bias"].astype(np.float64),
-        router_weight_on_input=on_input,
-        **opts,
+        x, ids, w, w13[:, :I], w13[:, I:], down, act, **biases, router_weight_on_input=on_input, **opts
     )
     # int8 x per group of 16 with step d = amax/127, round to nearest: each element off by <= d/2
     # (x 1.001 for the fp32 arithmetic of the scale). Through pass 1: |dg_i| <= sum_k |W_gate[i,k]|
@@ -118,9 +107,7 @@ def reference(banks, x, ids, w, I, act, on_input=False, **opts):
     return ref, scale, qerr
 
 
-def assert_close_to_reference(
-    y: np.ndarray, ref: np.ndarray, scale: np.ndarray, qerr: np.ndarray, isa: str
-) -> None:
+def check(y: np.ndarray, ref: np.ndarray, scale: np.ndarray, qerr: np.ndarray, isa: str) -> None:
     # Each group's e2m1 products are summed exactly (int32 in the int8 path) or in fp32, scaled by the
     # exact e4m3 value, then the row by its f32 global scale: fp32 accumulation error only (K * 2^-24
     # of the magnitude sum, far below 2^-11 here), plus the bf16 rounding of y (<= 2^-9 relative;
@@ -131,11 +118,8 @@ def assert_close_to_reference(
     # a step, step = amax/127 of 16 elements, leave the rms error of y near 1% of the rms of y here;
     # a wrong scale, group or offset gives tens of percent. The limit is 4%.
     int8 = isa == "avx512_bf16"
-    bound = 2.0**-8 * np.abs(ref) + 2.0**-11 * scale + (qerr if int8 else 0.0) + 1e-30
-    err = np.abs(y.astype(np.float64) - ref)
-    worst = np.unravel_index(np.argmax(err / bound), err.shape)
-    assert np.all(err <= bound), (
-        f"{isa}: error {err[worst]:.3g} at {worst} exceeds bound {bound[worst]:.3g} (ref {ref[worst]:.4g})"
+    err = assert_close_to_reference(
+        y, ref, scale, isa, rel=2.0**-8, mag=2.0**-11, extra=qerr if int8 else 0.0
     )
     if int8:
         rms_err, rms_ref = np.sqrt(np.mean(err**2)), np.sqrt(np.mean(ref**2))
@@ -151,13 +135,11 @@ def run_case(isa, act, T, rng, E=5, H=None, I=None, top_k=4, threads=2):
     opts = {"limit": 3.0} if act == "swiglu_clamp" else {}
     ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=8, num_threads=threads, isa=isa)
     ex.add_layer(0, "nvfp4", num_experts=E, intermediate=I, banks=banks, activation=act, options=opts)
-    x = (2.0 * rng.standard_normal((T, H))).astype(BF16)
-    ids = random_routes(rng, T, top_k, E)
-    w = rng.random((T, top_k)).astype(np.float32)
+    x, ids, w = random_inputs(rng, T, H, top_k, E, x_scale=2.0)
     y = ex.run(0, x, ids, w)
     assert y.dtype == BF16 and y.shape == (T, H)
     ref, scale, qerr = reference(banks, x, ids, w, I, act, **opts)
-    assert_close_to_reference(y, ref, scale, qerr, isa)
+    check(y, ref, scale, qerr, isa)
 
 
 @pytest.mark.parametrize("T", [1, 3, 8])
@@ -178,30 +160,26 @@ def test_edge_shapes(isa: str, H: int, I: int) -> None:
 @pytest.mark.parametrize("isa", TIERS)
 def test_biases_and_swigluoai_options(isa: str) -> None:
     rng = np.random.default_rng(7)
-    E, H, I, top_k, T = 4, 96, 48, 4, 3
+    E, H, I = 4, 96, 48
     banks = make_layer(rng, E, H, I, bias=True)
-    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=4, num_threads=2, isa=isa)
     opts = {"alpha": 1.5, "limit": 2.0}
-    ex.add_layer(3, "nvfp4", num_experts=E, intermediate=I, banks=banks, activation="swigluoai", options=opts)
-    x = (3.0 * rng.standard_normal((T, H))).astype(BF16)
-    ids = random_routes(rng, T, top_k, E)
-    w = rng.random((T, top_k)).astype(np.float32)
+    x, ids, w, y = run_swigluoai_options(
+        rng, isa, "nvfp4", banks, opts, num_experts=E, hidden=H, intermediate=I
+    )
     ref, scale, qerr = reference(banks, x, ids, w, I, "swigluoai", **opts)
-    assert_close_to_reference(ex.run(3, x, ids, w), ref, scale, qerr, isa)
+    check(y, ref, scale, qerr, isa)
 
 
 @pytest.mark.parametrize("isa", TIERS)
 def test_router_weight_on_input(isa: str) -> None:
     rng = np.random.default_rng(11)
-    E, H, I, top_k, T = 3, 64, 32, 2, 3
+    E, H, I = 3, 64, 32
     banks = make_layer(rng, E, H, I)
-    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=4, num_threads=1, isa=isa)
-    ex.add_layer(0, "nvfp4", num_experts=E, intermediate=I, banks=banks, router_weight_on_input=True)
-    x = rng.standard_normal((T, H)).astype(BF16)
-    ids = np.array([[0, 2], [1, -1], [2, 2]], dtype=np.int32)
-    w = (0.5 + rng.random((T, top_k))).astype(np.float32)
+    x, ids, w, y = run_router_weight_on_input(
+        rng, isa, "nvfp4", banks, num_experts=E, hidden=H, intermediate=I
+    )
     ref, scale, qerr = reference(banks, x, ids, w, I, "silu", on_input=True)
-    assert_close_to_reference(ex.run(0, x, ids, w), ref, scale, qerr, isa)
+    check(y, ref, scale, qerr, isa)
 
 
 @pytest.mark.parametrize("isa", TIERS)
@@ -209,34 +187,21 @@ def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
     rng = np.random.default_rng(3)
     E, H, I, top_k, T = 8, 304, 208, 6, 8
     banks = make_layer(rng, E, H, I)
-    x = rng.standard_normal((T, H)).astype(BF16)
-    ids = random_routes(rng, T, top_k, E)
-    w = rng.random((T, top_k)).astype(np.float32)
-    outs = []
-    for threads in (1, 2, 3, 5):
-        ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T, num_threads=threads, isa=isa)
-        assert ex.num_threads == threads
-        ex.add_layer(0, "nvfp4", num_experts=E, intermediate=I, banks=banks)
-        outs.append(ex.run(0, x, ids, w).view(np.uint16).copy())
-    for o in outs[1:]:
-        np.testing.assert_array_equal(o, outs[0])
+    x, ids, w = random_inputs(rng, T, H, top_k, E)
+    assert_bits_do_not_depend_on_thread_count(isa, "nvfp4", banks, x, ids, w, num_experts=E, intermediate=I)
 
 
 @pytest.mark.parametrize("isa", TIERS)
 def test_many_tokens_on_few_experts(isa: str) -> None:
-    # 8 tokens x 6 routes on 2 experts: the batched kernels take chunks of up to 8 routes per expert
-    # (the last chunk shorter); H spans a full 128/256-element chunk plus tails.
+    # H spans a full 128/256-element chunk plus tails.
     rng = np.random.default_rng(13)
-    E, H, I, top_k, T = 2, 304, 144, 6, 8
+    E, H, I = 2, 304, 144
     banks = make_layer(rng, E, H, I, bias=True)
-    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T, num_threads=2, isa=isa)
-    ex.add_layer(0, "nvfp4", num_experts=E, intermediate=I, banks=banks, activation="gelu")
-    x = rng.standard_normal((T, H)).astype(BF16)
-    ids = rng.integers(0, E, (T, top_k)).astype(np.int32)
-    ids[2, 3] = -1
-    w = rng.random((T, top_k)).astype(np.float32)
+    x, ids, w, y = run_many_tokens_on_few_experts(
+        rng, isa, "nvfp4", banks, num_experts=E, hidden=H, intermediate=I
+    )
     ref, scale, qerr = reference(banks, x, ids, w, I, "gelu")
-    assert_close_to_reference(ex.run(0, x, ids, w), ref, scale, qerr, isa)
+    check(y, ref, scale, qerr, isa)
 
 
 E_, H_, I_ = 4, 64, 48
@@ -282,12 +247,15 @@ def _banks() -> dict[str, np.ndarray]:
     ],
 )
 def test_add_layer_errors_name_the_bank_and_shape(change, match: str) -> None:
-    ex = fk.MoeExecutor(hidden=H_, top_k=2, max_tokens=4)
-    banks = _banks()
-    change(banks)
-    with pytest.raises(ValueError, match=match):
-        ex.add_layer(0, "nvfp4", num_experts=E_, intermediate=I_, banks=banks)
-    assert ex.layers == []
+    assert_add_layer_refused(
+        lambda b, kw: change(b),
+        match,
+        _banks(),
+        hidden=H_,
+        num_experts=E_,
+        weight_format="nvfp4",
+        intermediate=I_,
+    )
 
 
 def test_unknown_option_is_refused() -> None:

@@ -8,10 +8,15 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 
 import ft_kernels_cpu as fk
-from helpers.moe_reference import BF16, activation, moe_reference, random_routes
+from helpers.checks import (
+    assert_bits_do_not_depend_on_thread_count,
+    assert_close_to_reference,
+    run_many_tokens_on_few_experts,
+)
+from helpers.int8_bounds import int8_error_bound
+from helpers.moe_reference import ACTIVATIONS, BF16, moe_reference, random_inputs
 
 TIERS = fk.isa_tiers()
-ACTIVATIONS = ["silu", "gelu", "gelu_tanh", "swigluoai", "swiglu_clamp"]
 # silu at batch 1, 3 and 8; the other activations at batch 3.
 CASES = [(act, T) for act in ACTIVATIONS for T in ([1, 3, 8] if act == "silu" else [3])]
 
@@ -36,59 +41,14 @@ def make_layer(rng, E, H, I, bias=False):
     return banks, ref
 
 
-def block_amax(v: np.ndarray, group: int) -> np.ndarray:
-    """max |v| over each `group`-element block of the last axis, repeated per element."""
-    a = np.abs(v).reshape(*v.shape[:-1], -1, group).max(axis=-1)
-    return np.repeat(a, group, axis=-1)
-
-
-def int8_error_bound(x, ids, w, wref, act, on_input, q8_in, q8_down, groups=(32, 32), **act_options):
-    """Bound on |y - y_ref| added by the int8 activations of the avx512_bf16 tier (as in test_gguf.py).
-
-    x (q8_in) and the intermediate h (q8_down) are rounded per group (32 elements, 256 for K-quant
-    weights: `groups` of x and h) to int8 steps of amax/127:
-    an element moves by at most amax_block/254. Through gate/up that moves g, u by at most
-    dg = |W_gate| @ ex, du = |W_up| @ ex; every activation here has |dh/dg| <= 1.2 * (|u| + 1) and
-    |dh/du| <= |g| (their gate-side factor silu/gelu/... is <= |g|, its slope <= 1.13; clamps only
-    shrink), so over the box h moves by at most 1.2 * (|u| + du + 1) * dg + (|g| + dg) * du. The
-    rounding of h then adds amax_block(|h| + dh)/254 per element; W_down spreads both, router
-    weights scale them. Computed from the float64 reference, never from the executor.
-    """
-    T, k = ids.shape
-    bound = np.zeros((T, wref["w_down"].shape[1]))
-    x = x.astype(np.float64)
-    for t in range(T):
-        for r in range(k):
-            e = int(ids[t, r])
-            if e < 0:
-                continue
-            wt = float(w[t, r])
-            xin = wt * x[t] if on_input else x[t]
-            g = wref["w_gate"][e] @ xin + (wref["b_gate"][e] if "b_gate" in wref else 0.0)
-            u = wref["w_up"][e] @ xin + (wref["b_up"][e] if "b_up" in wref else 0.0)
-            ex = block_amax(xin, groups[0]) / 254.0 if q8_in else np.zeros_like(xin)
-            dg, du = np.abs(wref["w_gate"][e]) @ ex, np.abs(wref["w_up"][e]) @ ex
-            dh = 1.2 * (np.abs(u) + du + 1.0) * dg + (np.abs(g) + dg) * du
-            h = activation(act, g, u, **act_options)
-            eh = block_amax(np.abs(h) + dh, groups[1]) / 254.0 if q8_down else 0.0
-            bound[t] += (1.0 if on_input else abs(wt)) * (np.abs(wref["w_down"][e]) @ (dh + eh))
-    # fp32 evaluation of the bound's own terms and the bf16 rounding of the extra: a 2% margin.
-    return 1.02 * bound
-
-
-def assert_close_to_reference(
+def check(
     y: np.ndarray, ref: np.ndarray, scale: np.ndarray, what: str, extra: np.ndarray | float = 0.0
 ) -> None:
     # y is rounded to bf16 (relative error <= 2^-9; 2^-8 leaves a factor 2). Every tier dequantizes
     # exactly (fp16 d times an integer in [-8, 7] is exact in fp32), accumulates in fp32
     # (K * 2^-24 << 2^-11) and keeps the intermediate in fp32: 2^-11 of `scale` bounds the rest.
     # `extra`: in the avx512_bf16 tier x and h are int8 (VNNI): int8_error_bound.
-    bound = 2.0**-8 * np.abs(ref) + 2.0**-11 * scale + extra + 1e-30
-    err = np.abs(y.astype(np.float64) - ref)
-    worst = np.unravel_index(np.argmax(err / bound), err.shape)
-    assert np.all(err <= bound), (
-        f"{what}: error {err[worst]:.3g} at {worst} exceeds bound {bound[worst]:.3g} (ref {ref[worst]:.4g})"
-    )
+    assert_close_to_reference(y, ref, scale, what, rel=2.0**-8, mag=2.0**-11, extra=extra)
 
 
 def run_case(isa, act, T, seed, bias=False, on_input=False, opts=None):
@@ -102,14 +62,12 @@ def run_case(isa, act, T, seed, bias=False, on_input=False, opts=None):
         0, "q4_0", num_experts=E, intermediate=I, banks=banks, activation=act, options=opts,
         router_weight_on_input=on_input,
     )  # fmt: skip
-    x = (2.0 * rng.standard_normal((T, H))).astype(BF16)
-    ids = random_routes(rng, T, top_k, E)
-    w = rng.random((T, top_k)).astype(np.float32)
+    x, ids, w = random_inputs(rng, T, H, top_k, E, x_scale=2.0)
     y = ex.run(0, x, ids, w)
     assert y.dtype == BF16 and y.shape == (T, H)
     ref, scale = moe_reference(x, ids, w, act=act, router_weight_on_input=on_input, **wref, **opts)
     extra = reference_extra(isa, x, ids, w, wref, act, on_input, opts)
-    assert_close_to_reference(y, ref, scale, f"{isa} {act} T={T} H={H} I={I}", extra)
+    check(y, ref, scale, f"{isa} {act} T={T} H={H} I={I}", extra)
 
 
 def reference_extra(isa, x, ids, w, wref, act, on_input, opts):
@@ -135,33 +93,21 @@ def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
     rng = np.random.default_rng(3)
     E, H, I, top_k, T = 8, 320, 224, 6, 8
     banks, _ = make_layer(rng, E, H, I)
-    x = rng.standard_normal((T, H)).astype(BF16)
-    ids = random_routes(rng, T, top_k, E)
-    w = rng.random((T, top_k)).astype(np.float32)
-    outs = []
-    for threads in (1, 2, 3, 5):
-        ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T, num_threads=threads, isa=isa)
-        ex.add_layer(0, "q4_0", num_experts=E, intermediate=I, banks=banks)
-        outs.append(ex.run(0, x, ids, w).view(np.uint16).copy())
-    for o in outs[1:]:
-        np.testing.assert_array_equal(o, outs[0])
+    x, ids, w = random_inputs(rng, T, H, top_k, E)
+    assert_bits_do_not_depend_on_thread_count(isa, "q4_0", banks, x, ids, w, num_experts=E, intermediate=I)
 
 
 @pytest.mark.parametrize("isa", TIERS)
 def test_many_tokens_on_few_experts(isa: str) -> None:
-    # 8 tokens x 6 routes on 2 experts: the batched kernels take chunks of up to 8 routes per expert.
     rng = np.random.default_rng(13)
-    E, H, I, top_k, T = 2, 160, 96, 6, 8
+    E, H, I = 2, 160, 96
     banks, wref = make_layer(rng, E, H, I, bias=True)
-    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T, num_threads=2, isa=isa)
-    ex.add_layer(0, "q4_0", num_experts=E, intermediate=I, banks=banks, activation="gelu")
-    x = rng.standard_normal((T, H)).astype(BF16)
-    ids = rng.integers(0, E, (T, top_k)).astype(np.int32)
-    ids[2, 3] = -1
-    w = rng.random((T, top_k)).astype(np.float32)
+    x, ids, w, y = run_many_tokens_on_few_experts(
+        rng, isa, "q4_0", banks, num_experts=E, hidden=H, intermediate=I
+    )
     ref, scale = moe_reference(x, ids, w, act="gelu", **wref)
     extra = reference_extra(isa, x, ids, w, wref, "gelu", False, {})
-    assert_close_to_reference(ex.run(0, x, ids, w), ref, scale, isa, extra)
+    check(y, ref, scale, isa, extra)
 
 
 def test_errors_name_the_bank_and_expected_shape() -> None:

@@ -1,4 +1,5 @@
-"""Independent numpy references for the FP4 formats (mxfp4, ds_fp4), from the OCP MX spec and ml_dtypes.
+"""Independent numpy references for the FP4 formats (mxfp4, ds_fp4), from the OCP MX spec and ml_dtypes;
+random e4m3fn codes for nvfp4's scales and fp8_block's weights.
 
 Nothing here mirrors ft's C++: nibbles are decoded with ml_dtypes.float4_e2m1fn, scales with
 float8_e8m0fnu, the fp8 activation round trip with float8_e4m3fn.
@@ -53,6 +54,16 @@ def fp8_round_trip(v: np.ndarray, block: int) -> np.ndarray:
     return out
 
 
+def random_e4m3_codes(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Uniform e4m3fn codes (subnormals, both zeros and negatives included) without the NaNs 0x7f / 0xff.
+
+    nvfp4's block scales and fp8_block's weights are such codes.
+    """
+    codes = rng.integers(0, 254, size=shape).astype(np.uint8)
+    codes[codes >= 0x7F] += 1  # 0..253 -> every code except 0x7f and 0xff
+    return codes
+
+
 def random_fp4(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     return rng.integers(0, 256, size=shape, dtype=np.uint8)
 
@@ -60,11 +71,3 @@ def random_fp4(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
 def random_scales(rng: np.random.Generator, shape: tuple[int, ...], lo: int, hi: int) -> np.ndarray:
     """e8m0 bytes in [lo, hi] (2^(lo - 127) .. 2^(hi - 127))."""
     return rng.integers(lo, hi + 1, size=shape, dtype=np.uint8)
-
-
-def assert_close(y: np.ndarray, ref: np.ndarray, bound: np.ndarray, what: str) -> None:
-    err = np.abs(y.astype(np.float64) - ref)
-    worst = np.unravel_index(np.argmax(err / bound), err.shape)
-    assert np.all(err <= bound), (
-        f"{what}: error {err[worst]:.3g} at {worst} exceeds bound {bound[worst]:.3g} (ref {ref[worst]:.4g})"
-    )

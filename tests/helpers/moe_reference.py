@@ -9,6 +9,8 @@ import numpy as np
 
 BF16 = ml_dtypes.bfloat16
 _erf = np.vectorize(math.erf, otypes=[np.float64])
+# Every activation `activation` (and the executor) knows.
+ACTIVATIONS = ["silu", "gelu", "gelu_tanh", "swigluoai", "swiglu_clamp"]
 
 
 def activation(
@@ -84,3 +86,27 @@ def random_routes(rng: np.random.Generator, T: int, top_k: int, num_experts: int
         ids[:, 1] = ids[:, 0]  # a duplicate in every token
     ids[rng.random((T, top_k)) < 0.2] = -1
     return ids
+
+
+def random_inputs(
+    rng: np.random.Generator, T: int, H: int, top_k: int, num_experts: int, x_scale: float = 1.0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(x, ids, w) of one task: x = x_scale * N(0, 1) as bf16 [T, H], ids from random_routes, router
+    weights uniform in [0, 1) as float32 [T, top_k]; drawn from rng in that order."""
+    x = (x_scale * rng.standard_normal((T, H))).astype(BF16)
+    ids = random_routes(rng, T, top_k, num_experts)
+    w = rng.random((T, top_k)).astype(np.float32)
+    return x, ids, w
+
+
+def bias_terms(
+    banks: dict[str, np.ndarray], gate_rows: slice, up_rows: slice
+) -> dict[str, np.ndarray | None]:
+    """moe_reference's b_gate, b_up (rows gate_rows, up_rows of the bank w13_bias) and b_down (w2_bias)
+    as float64, each None where its bank is absent."""
+    b13, b2 = banks.get("w13_bias"), banks.get("w2_bias")
+    return {
+        "b_gate": None if b13 is None else b13[:, gate_rows].astype(np.float64),
+        "b_up": None if b13 is None else b13[:, up_rows].astype(np.float64),
+        "b_down": None if b2 is None else b2.astype(np.float64),
+    }

@@ -8,38 +8,18 @@
 #include <algorithm>
 
 #include "bf16_dot.h"
+#include "dispatch_n.h"
 #include "format.h"
+#include "stream_prefetch.h"
 
 namespace ft {
 
 namespace {
 
-// Software prefetch `pf` bytes ahead of the weight stream. Rows of a block are contiguous, so the
-// address ahead is the next row (or the next block) of the same matrix; a prefetch past the end of
-// a bank is harmless (prefetches never fault).
-struct Prefetch {
-  const char* end;  // one past the last byte of the stream
-  int dist;         // bytes ahead; 0 disables
-
-  // Called once per 64-byte line read at `p`: fetch the line `dist` bytes ahead, within the stream.
-  void ahead(const uint16_t* p) const {
-    const char* q = reinterpret_cast<const char*>(p) + dist;
-    if (q < end) prefetch(q);
-  }
-  // At the start of a stream the hardware prefetchers have nothing to follow yet: ask for its first
-  // `dist` bytes at once.
-  void start(const uint16_t* p) const {
-    const char* q = reinterpret_cast<const char*>(p);
-    for (const char* e = std::min(end, q + dist); q < e; q += 64) prefetch(q);
-  }
-  static void prefetch(const char* q) {
-#if FT_X86
-    _mm_prefetch(q, _MM_HINT_T0);
-#else
-    __builtin_prefetch(q);
-#endif
-  }
-};
+// Software prefetch `prefetch` bytes ahead of the weight stream (stream_prefetch.h), into L1. Rows
+// of a block are contiguous, so the address ahead is the next row (or the next block) of the same
+// matrix.
+using Prefetch = StreamPrefetch<>;
 
 void dot_rows_scalar(const uint16_t* W, size_t ld, int nrows, const float* x, int K, float* out) {
   for (int r = 0; r < nrows; ++r) {
@@ -326,9 +306,7 @@ class Bf16Format final : public MoeFormat {
 
 // The rows of one call are one stream (contiguous when ld == K).
 Prefetch stream_prefetch(const uint16_t* W, size_t ld, int nrows, int K, int dist) {
-  Prefetch pf{reinterpret_cast<const char*>(W + (nrows - 1) * ld + K), dist};
-  if (dist && nrows > 0) pf.start(W);
-  return pf;
+  return Prefetch(W, rows_stream_bytes(2 * ld, nrows, 2 * static_cast<size_t>(K)), dist);
 }
 
 }  // namespace
@@ -366,19 +344,6 @@ void bf16_dot_rows_bf16(const uint16_t* W, size_t ld, int nrows, const uint16_t*
 #endif
 }
 
-// Calls F<N>(args...) for the runtime n in [1, 8].
-#define FT_DISPATCH_N(n, F, ...)          \
-  switch (n) {                            \
-    case 1: F<1>(__VA_ARGS__); break;     \
-    case 2: F<2>(__VA_ARGS__); break;     \
-    case 3: F<3>(__VA_ARGS__); break;     \
-    case 4: F<4>(__VA_ARGS__); break;     \
-    case 5: F<5>(__VA_ARGS__); break;     \
-    case 6: F<6>(__VA_ARGS__); break;     \
-    case 7: F<7>(__VA_ARGS__); break;     \
-    default: F<8>(__VA_ARGS__); break;    \
-  }
-
 void bf16_dot_rows_multi_f32(Isa isa, const uint16_t* W, size_t ld, int nrows, const float* const* xs, int n, int K,
                              float* out, int out_stride, int prefetch) {
   const Prefetch pf = stream_prefetch(W, ld, nrows, K, prefetch);
@@ -386,11 +351,11 @@ void bf16_dot_rows_multi_f32(Isa isa, const uint16_t* W, size_t ld, int nrows, c
     const uint16_t* w = W + r * ld;
 #if FT_X86
     if (isa == Isa::avx512 || isa == Isa::avx512_bf16) {
-      FT_DISPATCH_N(n, dot_row_multi_avx512, w, xs, K, out + r, out_stride, pf);
+      dispatch_n(n, [&](auto nv) { dot_row_multi_avx512<decltype(nv)::value>(w, xs, K, out + r, out_stride, pf); });
       continue;
     }
     if (isa == Isa::avx2) {
-      FT_DISPATCH_N(n, dot_row_multi_avx2, w, xs, K, out + r, out_stride, pf);
+      dispatch_n(n, [&](auto nv) { dot_row_multi_avx2<decltype(nv)::value>(w, xs, K, out + r, out_stride, pf); });
       continue;
     }
 #endif
@@ -402,7 +367,10 @@ void bf16_dot_rows_multi_bf16(const uint16_t* W, size_t ld, int nrows, const uin
                               float* out, int out_stride, int prefetch) {
 #if FT_X86
   const Prefetch pf = stream_prefetch(W, ld, nrows, K, prefetch);
-  for (int r = 0; r < nrows; ++r) FT_DISPATCH_N(n, dot_row_multi_bf16x, W + r * ld, xs, K, out + r, out_stride, pf);
+  for (int r = 0; r < nrows; ++r) {
+    const uint16_t* w = W + r * ld;
+    dispatch_n(n, [&](auto nv) { dot_row_multi_bf16x<decltype(nv)::value>(w, xs, K, out + r, out_stride, pf); });
+  }
 #else
   (void)W, (void)ld, (void)nrows, (void)xs, (void)n, (void)K, (void)out, (void)out_stride, (void)prefetch;
   throw Error("bf16_dot_rows_multi_bf16 needs x86 AVX512-BF16");

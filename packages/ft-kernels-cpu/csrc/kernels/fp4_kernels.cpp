@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "fp4_common.h"
+#include "stream_prefetch.h"
 
 namespace ft {
 namespace fp4 {
@@ -20,29 +21,10 @@ const E8m0Table kE8m0;
 
 namespace {
 
-// Software prefetch `dist` bytes ahead within one stream (see bf16.cpp: the hardware prefetchers of
-// Intel cores stop at 4 KiB pages). Prefetches never fault, but stay inside the stream anyway.
-struct Prefetch {
-  const char* end;
-  int dist;
-  void ahead(const void* p) const {
-    const char* q = static_cast<const char*>(p) + dist;
-    if (q < end) prefetch(q);
-  }
-  void start(const void* p) const {
-    const char* q = static_cast<const char*>(p);
-    for (const char* e = std::min(end, q + dist); q < e; q += 64) prefetch(q);
-  }
-  // Into L2 (T1), not L1: measured on Zen 4 with these compute-heavy rows, a T0 prefetch 8 KiB ahead
-  // left them at half the read bandwidth (the L1 miss buffers fill), T1 brought them to it.
-  static void prefetch(const char* q) {
-#if FT_X86
-    _mm_prefetch(q, _MM_HINT_T1);
-#else
-    __builtin_prefetch(q);
-#endif
-  }
-};
+// Software prefetch `dist` bytes ahead within one stream (stream_prefetch.h), into L2 (T1), not L1:
+// measured on Zen 4 with these compute-heavy rows, a T0 prefetch 8 KiB ahead left them at half the
+// read bandwidth (the L1 miss buffers fill), T1 brought them to it.
+using Prefetch = StreamPrefetch<PrefetchHint::L2>;
 
 // Weights and scales of one call: two streams, the scales 1/16 of the weights.
 struct Streams {
@@ -321,12 +303,7 @@ void dot_rows(Isa isa, const uint8_t* W, const uint8_t* S, int nrows, const void
   isa = kernel_isa(isa);
 #if FT_X86
   const size_t wbytes = static_cast<size_t>(nrows) * (K / 2), sbytes = static_cast<size_t>(nrows) * (K / 32);
-  const Streams pf{{reinterpret_cast<const char*>(W) + wbytes, prefetch},
-                   {reinterpret_cast<const char*>(S) + sbytes, prefetch / 16}};
-  if (prefetch) {
-    pf.w.start(W);
-    pf.s.start(S);
-  }
+  const Streams pf{Prefetch(W, wbytes, prefetch), Prefetch(S, sbytes, prefetch / 16)};
   switch (isa) {
     case Isa::avx512_bf16:
       dot_rows_bf16(W, S, nrows, static_cast<const uint16_t*>(x), K, out, pf);

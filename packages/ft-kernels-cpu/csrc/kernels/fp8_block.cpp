@@ -221,19 +221,19 @@ void fp8_rows(Isa isa, const uint8_t* W, int r0, int nrows, const float* S, int 
   const size_t ld = static_cast<size_t>(K);
 #if FT_X86
   if (isa != Isa::scalar) {
-    const Prefetch pf(W, W + nrows * ld, prefetch);
+    const Prefetch pf(W, nrows * ld, prefetch);
     for (int r = 0; r < nrows; ++r) {
       const float* s = S + static_cast<size_t>((r0 + r) / B) * nbK;
       const uint8_t* w = W + r * ld;
       if (isa == Isa::avx512_bf16) {
         const uint16_t* const* xb = reinterpret_cast<const uint16_t* const*>(xs);
-        FP8NV_DISPATCH_N(n, fp8_row_bf16x, w, s, B, xb, K, out + r, os, pf);
+        dispatch_n(n, [&](auto nv) { fp8_row_bf16x<decltype(nv)::value>(w, s, B, xb, K, out + r, os, pf); });
       } else if (isa == Isa::avx512) {
         const float* const* xf = reinterpret_cast<const float* const*>(xs);
-        FP8NV_DISPATCH_N(n, fp8_row_avx512, w, s, B, xf, K, out + r, os, pf);
+        dispatch_n(n, [&](auto nv) { fp8_row_avx512<decltype(nv)::value>(w, s, B, xf, K, out + r, os, pf); });
       } else {
         const float* const* xf = reinterpret_cast<const float* const*>(xs);
-        FP8NV_DISPATCH_N(n, fp8_row_avx2, w, s, B, xf, K, out + r, os, pf);
+        dispatch_n(n, [&](auto nv) { fp8_row_avx2<decltype(nv)::value>(w, s, B, xf, K, out + r, os, pf); });
       }
     }
     return;

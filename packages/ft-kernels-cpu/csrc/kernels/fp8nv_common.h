@@ -1,13 +1,14 @@
 // Pieces shared by the fp8_block and nvfp4 formats: e4m3fn decoding (scalar and in registers), the
-// software prefetch of a weight stream, and bank-row helpers.
+// software prefetch distance and stream type of their weight streams, and bank-row helpers.
 #pragma once
 
-#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 
 #include "common.h"
+#include "dispatch_n.h"
+#include "stream_prefetch.h"
 
 namespace ft {
 namespace fp8nv {
@@ -57,51 +58,9 @@ inline int prefetch_distance(int configured, bool explicit_) {
   return explicit_ || configured != 0 ? configured : kDefaultPrefetch;
 }
 
-// Software prefetch `dist` bytes ahead of a weight stream, never past its end (MoeParams::prefetch;
-// 0 disables). Call ahead() once per 64-byte line read.
-struct Prefetch {
-  const char* end = nullptr;
-  int dist = 0;
-
-  Prefetch() = default;
-  // The stream [begin, end); its first `dist` bytes are requested at once, since the hardware
-  // prefetchers have nothing to follow yet at the start of a stream.
-  Prefetch(const void* begin, const void* stream_end, int d) : end(static_cast<const char*>(stream_end)), dist(d) {
-    if (!dist) return;
-    const char* q = static_cast<const char*>(begin);
-    for (const char* e = std::min(end, q + dist); q < e; q += 64) fetch(q);
-  }
-  void ahead(const void* p) const {
-    const char* q = static_cast<const char*>(p) + dist;
-    if (q < end) fetch(q);
-  }
-  // Every line of [p, p + n) moved `dist` ahead.
-  void ahead_range(const void* p, size_t n) const {
-    if (!dist) return;
-    const char* q = static_cast<const char*>(p);
-    for (size_t o = 0; o < n; o += 64) ahead(q + o);
-  }
-  static void fetch(const char* q) {
-#if FT_X86
-    _mm_prefetch(q, _MM_HINT_T0);
-#else
-    __builtin_prefetch(q);
-#endif
-  }
-};
-
-// Calls F<N>(args...) for the number of vectors n in 1..8 (kernels unrolled over the vectors).
-#define FP8NV_DISPATCH_N(n, F, ...)   \
-  switch (n) {                        \
-    case 1: F<1>(__VA_ARGS__); break; \
-    case 2: F<2>(__VA_ARGS__); break; \
-    case 3: F<3>(__VA_ARGS__); break; \
-    case 4: F<4>(__VA_ARGS__); break; \
-    case 5: F<5>(__VA_ARGS__); break; \
-    case 6: F<6>(__VA_ARGS__); break; \
-    case 7: F<7>(__VA_ARGS__); break; \
-    default: F<8>(__VA_ARGS__); break; \
-  }
+// Software prefetch `dist` bytes ahead of a weight stream into L1 (stream_prefetch.h). Call ahead()
+// once per 64-byte line read.
+using Prefetch = StreamPrefetch<>;
 
 constexpr int kMaxVectors = 8;  // MoeFormat::kMaxTokensPerCall
 

@@ -8,6 +8,8 @@
 #include <cstring>
 
 #include "bf16_dot.h"
+#include "dispatch_n.h"
+#include "stream_prefetch.h"
 
 namespace ft {
 namespace ggml {
@@ -61,28 +63,11 @@ inline void kquant_scale_min(const uint8_t* s, uint8_t* sc, uint8_t* mn) {
   }
 }
 
-// Software prefetch of one call's rows (contiguous when ld == row bytes): lines are requested
-// `dist` bytes ahead of the read position, never past the end of the stream; the first call asks for
-// the stream's first `dist` bytes at once (the hardware prefetchers have nothing to follow yet).
-struct StreamPrefetch {
-  const char* next;
-  const char* end;
-  int dist;
-  StreamPrefetch(const uint8_t* W, size_t ld, int nrows, size_t row_bytes, int d)
-      : next(reinterpret_cast<const char*>(W)),
-        end(reinterpret_cast<const char*>(W) + (nrows > 0 ? (nrows - 1) * ld + row_bytes : 0)),
-        dist(d) {}
-  void advance(const uint8_t* p) {
-    const char* lim = std::min(end, reinterpret_cast<const char*>(p) + dist);
-    for (; next < lim; next += 64) {
-#if FT_X86
-      _mm_prefetch(next, _MM_HINT_T0);
-#else
-      __builtin_prefetch(next);
-#endif
-    }
-  }
-};
+// Software prefetch of one call's rows (contiguous when ld == row bytes), into L1: a cursor
+// (stream_prefetch.h), since blocks are not whole 64-byte lines.
+inline StreamPrefetchCursor rows_prefetch(const uint8_t* W, size_t ld, int nrows, size_t row_bytes, int d) {
+  return StreamPrefetchCursor(W, rows_stream_bytes(ld, nrows, row_bytes), d);
+}
 
 // ---- scalar tier: dequantize a block to fp32, then dot ----
 
@@ -407,7 +392,7 @@ struct Q8_0 {
 template <class T, int NV>
 void rows32(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
   const int nb = K / 32;
-  StreamPrefetch pf(W, ld, nrows, static_cast<size_t>(nb) * T::bytes, prefetch);
+  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * T::bytes, prefetch);
   for (int r = 0; r < nrows; ++r) {
     const uint8_t* w = W + r * ld;
     __m512 acc[NV];
@@ -531,7 +516,7 @@ struct Q6K {
 template <class T, int NV>
 void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
   const int nb = K / 256;
-  StreamPrefetch pf(W, ld, nrows, static_cast<size_t>(nb) * T::bytes, prefetch);
+  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * T::bytes, prefetch);
   for (int r = 0; r < nrows; ++r) {
     const uint8_t* w = W + r * ld;
     __m512 acc[NV];
@@ -582,23 +567,14 @@ void quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, voi
 }
 
 namespace {
-#define FT_GGML_Q8_DISPATCH(NAME, ROWS)                                                                       \
-  template <class T>                                                                                        \
-  void NAME(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) { \
-    switch (n) {                                                                                            \
-      case 1: ROWS<T, 1>(W, ld, nrows, xs, K, out, os, pf); break;                                         \
-      case 2: ROWS<T, 2>(W, ld, nrows, xs, K, out, os, pf); break;                                         \
-      case 3: ROWS<T, 3>(W, ld, nrows, xs, K, out, os, pf); break;                                         \
-      case 4: ROWS<T, 4>(W, ld, nrows, xs, K, out, os, pf); break;                                         \
-      case 5: ROWS<T, 5>(W, ld, nrows, xs, K, out, os, pf); break;                                         \
-      case 6: ROWS<T, 6>(W, ld, nrows, xs, K, out, os, pf); break;                                         \
-      case 7: ROWS<T, 7>(W, ld, nrows, xs, K, out, os, pf); break;                                         \
-      default: ROWS<T, 8>(W, ld, nrows, xs, K, out, os, pf); break;                                        \
-    }                                                                                                       \
-  }
-FT_GGML_Q8_DISPATCH(q8_32, rows32)
-FT_GGML_Q8_DISPATCH(q8_256, rows256)
-#undef FT_GGML_Q8_DISPATCH
+template <class T>
+void q8_32(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) {
+  dispatch_n(n, [&](auto nv) { rows32<T, decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
+}
+template <class T>
+void q8_256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) {
+  dispatch_n(n, [&](auto nv) { rows256<T, decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
+}
 
 }  // namespace
 }  // namespace vnni

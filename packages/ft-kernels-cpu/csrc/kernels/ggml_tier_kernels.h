@@ -223,7 +223,7 @@ struct Q6_K {
 template <class T>
 void rows(const uint8_t* W, size_t ld, int nrows, const float* x, int K, float* out, int prefetch) {
   const int nb = K / T::elems;
-  StreamPrefetch pf(W, ld, nrows, static_cast<size_t>(nb) * T::bytes, prefetch);
+  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * T::bytes, prefetch);
   for (int r = 0; r < nrows; ++r) {
     const uint8_t* w = W + r * ld;
     F a0 = V::zero(), a1 = a0, a2 = a0, a3 = a0;
@@ -240,7 +240,7 @@ void rows(const uint8_t* W, size_t ld, int nrows, const float* x, int K, float* 
 
 // fp16 rows: N elements at a time, a scalar tail.
 inline void rows_f16(const uint8_t* W, size_t ld, int nrows, const float* x, int K, float* out, int prefetch) {
-  StreamPrefetch pf(W, ld, nrows, static_cast<size_t>(K) * 2, prefetch);
+  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(K) * 2, prefetch);
   for (int r = 0; r < nrows; ++r) {
     const uint8_t* w = W + r * ld;
     F a0 = V::zero(), a1 = a0, a2 = a0, a3 = a0;
@@ -266,7 +266,7 @@ void rows_nv(const uint8_t* W, size_t ld, int nrows, const float* const* xs, int
              int prefetch) {
   constexpr int nw = T::elems / N;
   const int nb = K / T::elems;
-  StreamPrefetch pf(W, ld, nrows, static_cast<size_t>(nb) * T::bytes, prefetch);
+  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * T::bytes, prefetch);
   for (int r = 0; r < nrows; ++r) {
     const uint8_t* w = W + r * ld;
     F acc[NV];
@@ -286,22 +286,13 @@ void rows_nv(const uint8_t* W, size_t ld, int nrows, const float* const* xs, int
 template <class T>
 void multi(const uint8_t* W, size_t ld, int nrows, const float* const* xs, int n, int K, float* out, int os,
            int prefetch) {
-  switch (n) {
-    case 1: rows_nv<T, 1>(W, ld, nrows, xs, K, out, os, prefetch); break;
-    case 2: rows_nv<T, 2>(W, ld, nrows, xs, K, out, os, prefetch); break;
-    case 3: rows_nv<T, 3>(W, ld, nrows, xs, K, out, os, prefetch); break;
-    case 4: rows_nv<T, 4>(W, ld, nrows, xs, K, out, os, prefetch); break;
-    case 5: rows_nv<T, 5>(W, ld, nrows, xs, K, out, os, prefetch); break;
-    case 6: rows_nv<T, 6>(W, ld, nrows, xs, K, out, os, prefetch); break;
-    case 7: rows_nv<T, 7>(W, ld, nrows, xs, K, out, os, prefetch); break;
-    default: rows_nv<T, 8>(W, ld, nrows, xs, K, out, os, prefetch); break;
-  }
+  dispatch_n(n, [&](auto nv) { rows_nv<T, decltype(nv)::value>(W, ld, nrows, xs, K, out, os, prefetch); });
 }
 
 // fp16 rows times n vectors.
 inline void multi_f16(const uint8_t* W, size_t ld, int nrows, const float* const* xs, int n, int K, float* out,
                       int os, int prefetch) {
-  StreamPrefetch pf(W, ld, nrows, static_cast<size_t>(K) * 2, prefetch);
+  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(K) * 2, prefetch);
   for (int r = 0; r < nrows; ++r) {
     const uint8_t* w = W + r * ld;
     F acc[8];

@@ -286,19 +286,19 @@ void nvfp4_rows(Isa isa, const uint8_t* W, const uint8_t* SC, const float* G, in
   const size_t ldw = static_cast<size_t>(K) / 2, lds = static_cast<size_t>(K) / 16;
 #if FT_X86
   if (isa != Isa::scalar) {
-    const Prefetch pf(W, W + nrows * ldw, prefetch);
+    const Prefetch pf(W, nrows * ldw, prefetch);
     for (int r = 0; r < nrows; ++r) {
       const uint8_t* w = W + r * ldw;
       const uint8_t* sc = SC + r * lds;
       if (isa == Isa::avx512_bf16) {
         const uint8_t* const* xq = reinterpret_cast<const uint8_t* const*>(xs);
-        FP8NV_DISPATCH_N(n, nvfp4_row_vnni, w, sc, xq, K, out + r, os, pf);
+        dispatch_n(n, [&](auto nv) { nvfp4_row_vnni<decltype(nv)::value>(w, sc, xq, K, out + r, os, pf); });
       } else if (isa == Isa::avx512) {
         const float* const* xf = reinterpret_cast<const float* const*>(xs);
-        FP8NV_DISPATCH_N(n, nvfp4_row_avx512, w, sc, xf, K, out + r, os, pf);
+        dispatch_n(n, [&](auto nv) { nvfp4_row_avx512<decltype(nv)::value>(w, sc, xf, K, out + r, os, pf); });
       } else {
         const float* const* xf = reinterpret_cast<const float* const*>(xs);
-        FP8NV_DISPATCH_N(n, nvfp4_row_avx2, w, sc, xf, K, out + r, os, pf);
+        dispatch_n(n, [&](auto nv) { nvfp4_row_avx2<decltype(nv)::value>(w, sc, xf, K, out + r, os, pf); });
       }
       for (int j = 0; j < n; ++j) out[j * os + r] *= G[r];
     }

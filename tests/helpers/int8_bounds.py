@@ -1,0 +1,51 @@
+"""Error bounds of the int8-activation (VNNI) paths of the avx512_bf16 tier, from the float64 reference.
+
+Shared by the q4_0 and gguf tests (block_amax also by nvfp4's); nothing here reads the executor's results.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from helpers.moe_reference import activation
+
+
+def block_amax(v: np.ndarray, group: int) -> np.ndarray:
+    """max |v| over each `group`-element block of the last axis, repeated per element."""
+    a = np.abs(v).reshape(*v.shape[:-1], -1, group).max(axis=-1)
+    return np.repeat(a, group, axis=-1)
+
+
+def int8_error_bound(x, ids, w, wref, act, on_input, q8_in, q8_down, groups=(32, 32), **act_options):
+    """Bound on |y - y_ref| added by the int8 activations of the avx512_bf16 tier (VNNI paths).
+
+    wref: moe_reference's weight arguments (w_gate, w_up, w_down and optionally b_gate, b_up).
+    x (q8_in) and the intermediate h (q8_down) are rounded per group (32 elements, 256 for K-quant
+    weights: `groups` of x and h) to int8 steps of amax/127:
+    an element moves by at most amax_block/254. Through gate/up that moves g, u by at most
+    dg = |W_gate| @ ex, du = |W_up| @ ex; every activation here has |dh/dg| <= 1.2 * (|u| + 1) and
+    |dh/du| <= |g| (their gate-side factor silu/gelu/... is <= |g|, its slope <= 1.13; clamps only
+    shrink), so over the box h moves by at most 1.2 * (|u| + du + 1) * dg + (|g| + dg) * du. The
+    rounding of h then adds amax_block(|h| + dh)/254 per element; W_down spreads both, router
+    weights scale them. Computed from the float64 reference, never from the executor.
+    """
+    T, k = ids.shape
+    bound = np.zeros((T, wref["w_down"].shape[1]))
+    x = x.astype(np.float64)
+    for t in range(T):
+        for r in range(k):
+            e = int(ids[t, r])
+            if e < 0:
+                continue
+            wt = float(w[t, r])
+            xin = wt * x[t] if on_input else x[t]
+            g = wref["w_gate"][e] @ xin + (wref["b_gate"][e] if "b_gate" in wref else 0.0)
+            u = wref["w_up"][e] @ xin + (wref["b_up"][e] if "b_up" in wref else 0.0)
+            ex = block_amax(xin, groups[0]) / 254.0 if q8_in else np.zeros_like(xin)
+            dg, du = np.abs(wref["w_gate"][e]) @ ex, np.abs(wref["w_up"][e]) @ ex
+            dh = 1.2 * (np.abs(u) + du + 1.0) * dg + (np.abs(g) + dg) * du
+            h = activation(act, g, u, **act_options)
+            eh = block_amax(np.abs(h) + dh, groups[1]) / 254.0 if q8_down else 0.0
+            bound[t] += (1.0 if on_input else abs(wt)) * (np.abs(wref["w_down"][e]) @ (dh + eh))
+    # fp32 evaluation of the bound's own terms and the bf16 rounding of the extra: a 2% margin.
+    return 1.02 * bound
