@@ -73,12 +73,43 @@ class DsFp4Format final : public MoeFormat {
     }
   }
 
+  void gate_up_tokens(const TaskInput& in, int e, const int* tokens, const float* in_scales, int n, int i0, int i1,
+                      float* gate, float* up, int stride) const override {
+    if (n == 1) {
+      gate_up(in, e, tokens[0], i0, i1, in_scales[0], gate, up);
+      return;
+    }
+    const size_t H = p_.hidden, I = p_.intermediate;
+    const int rows = i1 - i0;
+    const size_t xstride = fp4::vec_bytes(p_.isa, p_.hidden);
+    const void* xs[kMaxTokensPerCall];
+    for (int j = 0; j < n; ++j) xs[j] = xprep_.data() + tokens[j] * xstride;
+    const size_t g0 = static_cast<size_t>(e) * 2 * I + i0, u0 = g0 + I;
+    fp4::dot_rows_multi(p_.isa, w13_ + g0 * (H / 2), s13_ + g0 * (H / 32), rows, xs, n, p_.hidden, gate, stride, pf_);
+    fp4::dot_rows_multi(p_.isa, w13_ + u0 * (H / 2), s13_ + u0 * (H / 32), rows, xs, n, p_.hidden, up, stride, pf_);
+    for (int j = 0; j < n; ++j) {
+      if (in_scales[j] == 1.f) continue;
+      for (int i = 0; i < rows; ++i) gate[j * stride + i] *= in_scales[j], up[j * stride + i] *= in_scales[j];
+    }
+  }
+
   size_t inter_prep_bytes() const override { return fp4::vec_bytes(p_.isa, p_.intermediate); }
 
   void prep_inter(const float* h, int i0, int i1, void* prepped) const override {
     float hq[kPass1Rows];
     fp4::fp8_round_trip(h + i0, i1 - i0, act_block_, hq);
     fp4::prep_vec(p_.isa, hq, i0, i1, prepped);
+  }
+
+  bool has_down_rows() const override { return true; }
+
+  void down_rows(int e, int h0, int h1, const RouteRef* routes, int n, float* out, int stride) const override {
+    const size_t H = p_.hidden, I = p_.intermediate;
+    const size_t row0 = static_cast<size_t>(e) * H + h0;
+    const void* hs[kMaxTokensPerCall];
+    for (int j = 0; j < n; ++j) hs[j] = routes[j].h_prepped;
+    fp4::dot_rows_multi(p_.isa, w2_ + row0 * (I / 2), s2_ + row0 * (I / 32), h1 - h0, hs, n, p_.intermediate, out,
+                        stride, pf_);
   }
 
   void down(int h0, int h1, const RouteRef* routes, int n, float* out) const override {

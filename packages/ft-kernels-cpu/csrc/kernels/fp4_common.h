@@ -45,6 +45,12 @@ void prep_vec(Isa isa, const float* v, int i0, int i1, void* out);
 void dot_rows(Isa isa, const uint8_t* W, const uint8_t* S, int nrows, const void* x, int K, float* out,
               int prefetch);
 
+// The same for n <= kMaxVectors vectors xs[j] (each prepared for `isa`): out[j * os + r] = W[r] . xs[j].
+// Each block of the rows is decoded once for all n vectors (n == 1: dot_rows).
+constexpr int kMaxVectors = 8;
+void dot_rows_multi(Isa isa, const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
+                    float* out, int os, int prefetch);
+
 // Software prefetch distance of the FP4 weight streams: the caller's when given (0 disables), else 8 KiB.
 // The executor's default is 0 on AMD, measured for bf16 rows; these rows do several times more work
 // per byte, and on Zen 4 without software prefetch they streamed at ~0.4 of the read bandwidth (one

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "dispatch_n.h"
 #include "fp4_common.h"
 #include "stream_prefetch.h"
 
@@ -47,6 +48,31 @@ void dot_rows_scalar(const uint8_t* W, const uint8_t* S, int nrows, const float*
     }
     out[r] = acc;
   }
+}
+
+
+// N vectors at once (the kernels below): each block of a row is decoded once and multiplied into N
+// accumulators, so a batch costs little more than one vector while the weights stream from DRAM.
+// out[j * os] = row . xs[j]. Scalar: the same arithmetic, per vector, as dot_rows_scalar.
+template <int N>
+void dot_row_multi_scalar(const uint8_t* w, const uint8_t* s, const float* const* xs, int K, float* out, int os) {
+  const int nb = K / 32;
+  float acc[N] = {};
+  float v[32];
+  for (int b = 0; b < nb; ++b) {
+    for (int j = 0; j < 16; ++j) {
+      v[2 * j] = kE2m1[w[16 * b + j] & 15];
+      v[2 * j + 1] = kE2m1[w[16 * b + j] >> 4];
+    }
+    const float sc = kE8m0.v[s[b]];
+    for (int n = 0; n < N; ++n) {
+      const float* x = xs[n] + 32 * b;
+      float t = 0.f;
+      for (int j = 0; j < 16; ++j) t += v[2 * j] * x[2 * j] + v[2 * j + 1] * x[2 * j + 1];
+      acc[n] += t * sc;
+    }
+  }
+  for (int n = 0; n < N; ++n) out[n * os] = acc[n];
 }
 
 #if FT_X86
@@ -212,6 +238,149 @@ FT_TARGET_AVX512_BF16 void dot_rows_bf16(const uint8_t* W, const uint8_t* S, int
 
 #undef FT_FP4_ROW_LOOP
 
+// The N-vector row kernels of the SIMD tiers. Per step the weights are decoded once (as in the
+// single-vector kernels); each vector then takes the products with its own chain and one FMA with the
+// block scales into its accumulator. No pre-scaled weights: the same number of operations at N = 8,
+// fewer below, and bf16 weights could not carry the scale exactly (VDPBF16PS flushes denormals).
+
+template <int N>
+FT_TARGET_AVX2 void dot_row_multi_avx2(const uint8_t* w, const uint8_t* s, const float* const* xs, int K,
+                                       float* out, int os, const Streams& pf) {
+  const int nb = K / 32;
+  const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+  const __m128i m = _mm_set1_epi8(0x0f);
+  if (pf.s.dist) pf.s.ahead(s);
+  __m256 acc[N];
+  for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    if (pf.w.dist && (b & 3) == 0) pf.w.ahead(w + 16 * b);
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16 * b));
+    const __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(raw, m));
+    const __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(raw, 4), m));
+    const __m256 l0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    const __m256 l1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(lo, lo)));
+    const __m256 h0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    const __m256 h1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(hi, hi)));
+    const __m256 sc = _mm256_set1_ps(kE8m0.v[s[b]]);
+    for (int j = 0; j < N; ++j) {
+      const float* x = xs[j] + 32 * b;
+      __m256 t = _mm256_mul_ps(l0, _mm256_loadu_ps(x));
+      t = _mm256_fmadd_ps(l1, _mm256_loadu_ps(x + 8), t);
+      t = _mm256_fmadd_ps(h0, _mm256_loadu_ps(x + 16), t);
+      t = _mm256_fmadd_ps(h1, _mm256_loadu_ps(x + 24), t);
+      acc[j] = _mm256_fmadd_ps(t, sc, acc[j]);
+    }
+  }
+  // The LUT held 2 * e2m1: halve (exact).
+  for (int j = 0; j < N; ++j) out[j * os] = 0.5f * hsum8(acc[j]);
+}
+
+template <int N>
+FT_TARGET_AVX512 void dot_row_multi_avx512(const uint8_t* w, const uint8_t* s, const float* const* xs, int K,
+                                           float* out, int os, const Streams& pf, __m512 lut, const __m512i* idx) {
+  const int nb = K / 32;
+  if (pf.s.dist) pf.s.ahead(s);
+  __m512 acc[N];
+  for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
+  for (int b = 0; b < nb; b += 16) {
+    const __m512 sf = e8m0x16(s + b, nb - b);
+    for (int u = 0; u < 4 && b + 4 * u < nb; ++u) {
+      const int bu = b + 4 * u;
+      if (pf.w.dist) pf.w.ahead(w + 16 * bu);
+      const __m512i wv = load_blocks(w + 16 * bu, nb - bu);
+      const __m512 sc = _mm512_permutexvar_ps(idx[u], sf);
+      __m512 wk[8];
+      wk[0] = _mm512_permutexvar_ps(wv, lut);
+      wk[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(wv, 4), lut);
+      wk[2] = _mm512_permutexvar_ps(_mm512_srli_epi32(wv, 8), lut);
+      wk[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(wv, 12), lut);
+      wk[4] = _mm512_permutexvar_ps(_mm512_srli_epi32(wv, 16), lut);
+      wk[5] = _mm512_permutexvar_ps(_mm512_srli_epi32(wv, 20), lut);
+      wk[6] = _mm512_permutexvar_ps(_mm512_srli_epi32(wv, 24), lut);
+      wk[7] = _mm512_permutexvar_ps(_mm512_srli_epi32(wv, 28), lut);
+      for (int j = 0; j < N; ++j) {
+        const float* x = xs[j] + 32 * bu;
+        __m512 t0 = _mm512_mul_ps(wk[0], _mm512_loadu_ps(x));
+        __m512 t1 = _mm512_mul_ps(wk[1], _mm512_loadu_ps(x + 16));
+        for (int k = 2; k < 8; k += 2) {
+          t0 = _mm512_fmadd_ps(wk[k], _mm512_loadu_ps(x + 16 * k), t0);
+          t1 = _mm512_fmadd_ps(wk[k + 1], _mm512_loadu_ps(x + 16 * k + 16), t1);
+        }
+        acc[j] = _mm512_fmadd_ps(_mm512_add_ps(t0, t1), sc, acc[j]);
+      }
+    }
+  }
+  for (int j = 0; j < N; ++j) out[j * os] = _mm512_reduce_add_ps(acc[j]);
+}
+
+template <int N>
+FT_TARGET_AVX512_BF16 void dot_row_multi_bf16(const uint8_t* w, const uint8_t* s, const uint16_t* const* xs, int K,
+                                              float* out, int os, const Streams& pf, __m512i lut,
+                                              const __m512i* idx) {
+  const int nb = K / 32;
+  if (pf.s.dist) pf.s.ahead(s);
+  __m512 acc[N];
+  for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
+  for (int b = 0; b < nb; b += 16) {
+    const __m512 sf = e8m0x16(s + b, nb - b);
+    for (int u = 0; u < 4 && b + 4 * u < nb; ++u) {
+      const int bu = b + 4 * u;
+      if (pf.w.dist) pf.w.ahead(w + 16 * bu);
+      const __m512i wv = load_blocks(w + 16 * bu, nb - bu);
+      const __m512 sc = _mm512_permutexvar_ps(idx[u], sf);
+      const __m512bh w0 = (__m512bh)_mm512_permutexvar_epi16(wv, lut);
+      const __m512bh w1 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 4), lut);
+      const __m512bh w2 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 8), lut);
+      const __m512bh w3 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 12), lut);
+      for (int j = 0; j < N; ++j) {
+        const uint16_t* x = xs[j] + 32 * bu;
+        const __m512 z = _mm512_setzero_ps();
+        __m512 t0 = _mm512_dpbf16_ps(z, w0, (__m512bh)_mm512_loadu_si512(x));
+        __m512 t1 = _mm512_dpbf16_ps(z, w1, (__m512bh)_mm512_loadu_si512(x + 32));
+        t0 = _mm512_dpbf16_ps(t0, w2, (__m512bh)_mm512_loadu_si512(x + 64));
+        t1 = _mm512_dpbf16_ps(t1, w3, (__m512bh)_mm512_loadu_si512(x + 96));
+        acc[j] = _mm512_fmadd_ps(_mm512_add_ps(t0, t1), sc, acc[j]);
+      }
+    }
+  }
+  for (int j = 0; j < N; ++j) out[j * os] = _mm512_reduce_add_ps(acc[j]);
+}
+
+// All rows of a call for N vectors; the tables are built once per call.
+template <int N>
+FT_TARGET_AVX2 void dot_rows_multi_avx2(const uint8_t* W, const uint8_t* S, int nrows, const float* const* xs, int K,
+                                        float* out, int os, const Streams& pf) {
+  for (int r = 0; r < nrows; ++r) {
+    dot_row_multi_avx2<N>(W + static_cast<size_t>(r) * (K / 2), S + static_cast<size_t>(r) * (K / 32), xs, K,
+                          out + r, os, pf);
+  }
+}
+
+template <int N>
+FT_TARGET_AVX512 void dot_rows_multi_avx512(const uint8_t* W, const uint8_t* S, int nrows, const float* const* xs,
+                                            int K, float* out, int os, const Streams& pf) {
+  const __m512 lut = _mm512_loadu_ps(kE2m1);
+  const __m512i idx[4] = {scale_index(0), scale_index(1), scale_index(2), scale_index(3)};
+  for (int r = 0; r < nrows; ++r) {
+    dot_row_multi_avx512<N>(W + static_cast<size_t>(r) * (K / 2), S + static_cast<size_t>(r) * (K / 32), xs, K,
+                            out + r, os, pf, lut, idx);
+  }
+}
+
+template <int N>
+FT_TARGET_AVX512_BF16 void dot_rows_multi_bf16(const uint8_t* W, const uint8_t* S, int nrows,
+                                               const uint16_t* const* xs, int K, float* out, int os,
+                                               const Streams& pf) {
+  alignas(64) uint16_t table[32];
+  for (int i = 0; i < 32; ++i) table[i] = f32_to_bf16(kE2m1[i & 15]);
+  const __m512i lut = _mm512_load_si512(table);
+  const __m512i idx[4] = {scale_index(0), scale_index(1), scale_index(2), scale_index(3)};
+  for (int r = 0; r < nrows; ++r) {
+    dot_row_multi_bf16<N>(W + static_cast<size_t>(r) * (K / 2), S + static_cast<size_t>(r) * (K / 32), xs, K,
+                          out + r, os, pf, lut, idx);
+  }
+}
+
 #endif  // FT_X86
 
 // e4m3fn value nearest to y (ties to even), saturated to +-448; y finite.
@@ -322,6 +491,47 @@ void dot_rows(Isa isa, const uint8_t* W, const uint8_t* S, int nrows, const void
   if (isa != Isa::scalar) throw Error("fp4 kernels: ISA tier " + std::string(isa_name(isa)) + " needs x86");
 #endif
   dot_rows_scalar(W, S, nrows, static_cast<const float*>(x), K, out);
+}
+
+void dot_rows_multi(Isa isa, const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
+                    float* out, int os, int prefetch) {
+  if (nrows <= 0 || n <= 0) return;
+  if (n == 1) {  // out[r]: the single-vector kernels
+    dot_rows(isa, W, S, nrows, xs[0], K, out, prefetch);
+    return;
+  }
+  n = std::min(n, kMaxVectors);
+  isa = kernel_isa(isa);
+  const size_t wrow = static_cast<size_t>(K / 2), srow = static_cast<size_t>(K / 32);
+  // The vectors as the tier's element type (bf16 for avx512_bf16, else fp32).
+  const float* xf[kMaxVectors];
+  for (int j = 0; j < n; ++j) xf[j] = static_cast<const float*>(xs[j]);
+#if FT_X86
+  const uint16_t* xh[kMaxVectors];
+  for (int j = 0; j < n; ++j) xh[j] = static_cast<const uint16_t*>(xs[j]);
+  const Streams pf{Prefetch(W, nrows * wrow, prefetch), Prefetch(S, nrows * srow, prefetch / 16)};
+  switch (isa) {
+    case Isa::avx512_bf16:
+      dispatch_n(n, [&](auto nv) { dot_rows_multi_bf16<decltype(nv)::value>(W, S, nrows, xh, K, out, os, pf); });
+      return;
+    case Isa::avx512:
+      dispatch_n(n, [&](auto nv) { dot_rows_multi_avx512<decltype(nv)::value>(W, S, nrows, xf, K, out, os, pf); });
+      return;
+    case Isa::avx2:
+      dispatch_n(n, [&](auto nv) { dot_rows_multi_avx2<decltype(nv)::value>(W, S, nrows, xf, K, out, os, pf); });
+      return;
+    case Isa::scalar:
+      break;
+  }
+#else
+  (void)prefetch;
+  if (isa != Isa::scalar) throw Error("fp4 kernels: ISA tier " + std::string(isa_name(isa)) + " needs x86");
+#endif
+  for (int r = 0; r < nrows; ++r) {
+    dispatch_n(n, [&](auto nv) {
+      dot_row_multi_scalar<decltype(nv)::value>(W + r * wrow, S + r * srow, xf, K, out + r, os);
+    });
+  }
 }
 
 void fp8_round_trip(const float* v, int n, int block, float* out) {

@@ -69,10 +69,56 @@ class Mxfp4Format final : public MoeFormat {
     }
   }
 
+  void gate_up_tokens(const TaskInput& in, int e, const int* tokens, const float* in_scales, int n, int i0, int i1,
+                      float* gate, float* up, int stride) const override {
+    if (n == 1) {
+      gate_up(in, e, tokens[0], i0, i1, in_scales[0], gate, up);
+      return;
+    }
+    const size_t H = p_.hidden, I = p_.intermediate;
+    const int rows = i1 - i0;
+    const size_t row0 = static_cast<size_t>(e) * 2 * I + 2 * static_cast<size_t>(i0);
+    const size_t xstride = fp4::vec_bytes(p_.isa, p_.hidden);
+    const void* xs[kMaxTokensPerCall];
+    for (int j = 0; j < n; ++j) xs[j] = xprep_.data() + tokens[j] * xstride;
+    // The 2 * rows interleaved gate/up rows of each token, one stream for all n tokens.
+    float tmp[kMaxTokensPerCall * 2 * kMaxPass1Rows];
+    fp4::dot_rows_multi(p_.isa, w13_ + row0 * (H / 2), s13_ + row0 * (H / 32), 2 * rows, xs, n, p_.hidden, tmp,
+                        2 * kMaxPass1Rows, pf_);
+    const uint16_t* b = b13_ ? b13_ + row0 : nullptr;
+    for (int j = 0; j < n; ++j) {
+      const float* t = tmp + j * 2 * kMaxPass1Rows;
+      float* g = gate + j * stride;
+      float* u = up + j * stride;
+      for (int i = 0; i < rows; ++i) {
+        g[i] = in_scales[j] * t[2 * i] + (b ? bf16_to_f32(b[2 * i]) : 0.f);
+        u[i] = in_scales[j] * t[2 * i + 1] + (b ? bf16_to_f32(b[2 * i + 1]) : 0.f);
+      }
+    }
+  }
+
   size_t inter_prep_bytes() const override { return fp4::vec_bytes(p_.isa, p_.intermediate); }
 
   void prep_inter(const float* h, int i0, int i1, void* prepped) const override {
     fp4::prep_vec(p_.isa, h + i0, i0, i1, prepped);
+  }
+
+  bool has_down_rows() const override { return true; }
+
+  void down_rows(int e, int h0, int h1, const RouteRef* routes, int n, float* out, int stride) const override {
+    const size_t H = p_.hidden, I = p_.intermediate;
+    const int rows = h1 - h0;
+    const size_t row0 = static_cast<size_t>(e) * H + h0;
+    const void* hs[kMaxTokensPerCall];
+    for (int j = 0; j < n; ++j) hs[j] = routes[j].h_prepped;
+    fp4::dot_rows_multi(p_.isa, w2_ + row0 * (I / 2), s2_ + row0 * (I / 32), rows, hs, n, p_.intermediate, out,
+                        stride, pf_);
+    if (b2_) {
+      const uint16_t* b = b2_ + row0;
+      for (int j = 0; j < n; ++j) {
+        for (int r = 0; r < rows; ++r) out[j * stride + r] += bf16_to_f32(b[r]);
+      }
+    }
   }
 
   void down(int h0, int h1, const RouteRef* routes, int n, float* out) const override {
