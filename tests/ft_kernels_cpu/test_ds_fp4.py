@@ -10,6 +10,7 @@ from helpers.checks import (
     assert_add_layer_refused,
     assert_bits_do_not_depend_on_thread_count,
     assert_close_to_reference,
+    run_many_tokens_on_few_experts,
 )
 from helpers.fp4_reference import dequant_fp4, fp8_round_trip, random_fp4, random_scales
 from helpers.moe_reference import ACTIVATIONS, BF16, activation, random_inputs, random_routes
@@ -126,15 +127,16 @@ def identity_layer(N: int) -> dict[str, np.ndarray]:
     }
 
 
-@pytest.mark.parametrize("act_block", [32, 128])
+@pytest.mark.parametrize(("act_block", "T"), [(32, 1), (128, 1), (32, 8)])
 @pytest.mark.parametrize("isa", TIERS)
-def test_round_trips_are_bit_exact(isa: str, act_block: int) -> None:
+def test_round_trips_are_bit_exact(isa: str, act_block: int, T: int) -> None:
     # With the identity-like layer, gate = xq_0 = 48 on every row (x_0 = 48 is block 0's amax, so
     # its scale is 2^-3 and 48 / 2^-3 = 384 = 1.5 * 2^8 is exact in e4m3); silu(48) = 48 exactly in
     # fp32 since exp(-48) < 2^-24; h = 48 * xq is exact in fp32 (<= 6 significant bits) and, not a
     # power-of-two multiple of xq, really gets rounded again; y = hq exactly (one nonzero product per
     # row, hq exact in bf16). So y must equal, bit for bit, the ml_dtypes round trip applied twice:
-    # a wrong rounding of any element of x or of h changes y.
+    # a wrong rounding of any element of x or of h changes y. T = 8 copies of the token on the one
+    # expert go through the batched kernels (each weight block decoded once for all 8).
     N = 288  # 9 blocks of 32; with act_block 128: 128, 128, 32
     rng = np.random.default_rng(act_block)
     x = rng.standard_normal(N) * np.exp2(rng.uniform(-12, 6, N))
@@ -150,12 +152,12 @@ def test_round_trips_are_bit_exact(isa: str, act_block: int) -> None:
     x[128:160] = rng.standard_normal(32) * np.exp2(rng.uniform(-14, 0, 32))
     x[128] = 300.0
     x = x.astype(BF16)[None, :]
-    ids, w = np.zeros((1, 1), np.int32), np.ones((1, 1), np.float32)
-    y = run_layer(isa, identity_layer(N), x, ids, w, 1, N, act_block=act_block)
+    ids, w = np.zeros((T, 1), np.int32), np.ones((T, 1), np.float32)
+    y = run_layer(isa, identity_layer(N), np.repeat(x, T, axis=0), ids, w, 1, N, act_block=act_block)
     xq = fp8_round_trip(x.astype(np.float32), act_block)
     assert xq[0, 0] == 48.0
     expect = fp8_round_trip(np.float32(48.0) * xq, act_block)
-    np.testing.assert_array_equal(y.astype(np.float32), expect)
+    np.testing.assert_array_equal(y.astype(np.float32), np.repeat(expect, T, axis=0))
     # The test has teeth: the second round trip really rounds, and the tie x[97] / s = 17 rounded
     # away from zero (18) instead of to even (16) would show in y.
     assert np.any(expect != 48 * xq)
@@ -163,6 +165,29 @@ def test_round_trips_are_bit_exact(isa: str, act_block: int) -> None:
     away = xq.copy()
     away[0, 97] = 2.25
     assert fp8_round_trip(np.float32(48.0) * away, act_block)[0, 97] != expect[0, 97]
+
+
+@pytest.mark.parametrize("isa", TIERS)
+def test_many_tokens_on_few_experts(isa: str) -> None:
+    # 8 tokens x 6 routes on 2 experts: chunks of up to 8 routes per expert through the batched
+    # kernels. H = 608 (19 blocks: a group of 16 and a 3-block step) and I = 160 (5 blocks; pass-1
+    # units of 128 and 32 rows) hit their tails; act_block 32 and 128 alternate over the tiers.
+    rng = np.random.default_rng(14)
+    E, H, I = 2, 608, 160
+    act_block = (32, 128)[TIERS.index(isa) % 2]
+    banks = make_layer(rng, E, H, I)
+    x, ids, w, y = run_many_tokens_on_few_experts(
+        rng,
+        isa,
+        "ds_fp4",
+        banks,
+        num_experts=E,
+        hidden=H,
+        intermediate=I,
+        options={"act_block": float(act_block)},
+    )
+    ref, scale, slack = reference(banks, x, ids, w, "gelu", act_block)
+    check(y, ref, scale, slack, f"ds_fp4 {isa} many tokens")
 
 
 @pytest.mark.parametrize("isa", TIERS)

@@ -10,6 +10,7 @@ from helpers.checks import (
     assert_add_layer_refused,
     assert_bits_do_not_depend_on_thread_count,
     assert_close_to_reference,
+    run_many_tokens_on_few_experts,
 )
 from helpers.fp4_reference import dequant_fp4, random_fp4, random_scales
 from helpers.moe_reference import ACTIVATIONS, BF16, bias_terms, moe_reference, random_inputs
@@ -126,6 +127,21 @@ def test_extreme_e8m0_scales_and_every_e2m1_code(isa: str) -> None:
         y = run_layer(isa, banks, x, ids, w, E, I)
         ref, scale = reference(banks, x, ids, w, "silu")
         check(y, ref, scale, isa)
+
+
+@pytest.mark.parametrize("isa", TIERS)
+def test_many_tokens_on_few_experts(isa: str) -> None:
+    # 8 tokens x 6 routes on 2 experts: chunks of up to 8 routes per expert through the batched
+    # kernels. H = 608 (19 blocks: a group of 16 and a 3-block step) and I = 160 (5 blocks; pass-1
+    # units of 128 and 32 rows) hit their tails.
+    rng = np.random.default_rng(13)
+    E, H, I = 2, 608, 160
+    banks = make_layer(rng, E, H, I)
+    x, ids, w, y = run_many_tokens_on_few_experts(
+        rng, isa, "mxfp4", banks, num_experts=E, hidden=H, intermediate=I
+    )
+    ref, scale = reference(banks, x, ids, w, "gelu")
+    check(y, ref, scale, isa)
 
 
 @pytest.mark.parametrize("isa", TIERS)
