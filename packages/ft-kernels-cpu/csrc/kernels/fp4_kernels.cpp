@@ -50,7 +50,6 @@ void dot_rows_scalar(const uint8_t* W, const uint8_t* S, int nrows, const float*
   }
 }
 
-
 // N vectors at once (the kernels below): each block of a row is decoded once and multiplied into N
 // accumulators, so a batch costs little more than one vector while the weights stream from DRAM.
 // out[j * os] = row . xs[j]. Scalar: the same arithmetic, per vector, as dot_rows_scalar.
