@@ -72,6 +72,16 @@ struct AlignedFree {
   void operator()(void* p) const { std::free(p); }
 };
 
+#if FT_X86
+// Sum of the 8 lanes of an AVX register (a fixed order: results do not depend on the caller).
+FT_TARGET_AVX2 inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
 // 64-byte aligned, zero-initialised scratch of `count` elements of T.
 template <typename T>
 class AlignedBuffer {

@@ -76,12 +76,6 @@ void dot_row_multi_scalar(const uint8_t* w, const uint8_t* s, const float* const
 
 #if FT_X86
 
-FT_TARGET_AVX2 inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // One block of 32: 2 * e2m1 as int8 through PSHUFB, widened to fp32; x holds the block's 16 even
 // then 16 odd elements. Returns 2 * (block . x) in 8 lanes.

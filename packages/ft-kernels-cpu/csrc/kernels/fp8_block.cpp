@@ -81,7 +81,7 @@ FT_TARGET_AVX2 void fp8_row_avx2(const uint8_t* w, const float* S, int B, const 
       tot[j] = _mm256_fmadd_ps(a, s, tot[j]);
     }
   }
-  for (int j = 0; j < N; ++j) out[j * os] = fp8nv::hsum8(tot[j]) * fp8nv::kE4m3Fp16Unscale;
+  for (int j = 0; j < N; ++j) out[j * os] = hsum8(tot[j]) * fp8nv::kE4m3Fp16Unscale;
 }
 
 template <int N>

@@ -66,12 +66,6 @@ constexpr int kMaxVectors = 8;  // MoeFormat::kMaxTokensPerCall
 
 #if FT_X86
 
-FT_TARGET_AVX2 inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // 16 e4m3 bytes -> two vectors of 8 floats, each value times 2^-8.
 FT_TARGET_AVX2 inline void e4m3x16_avx2(__m128i bytes, __m256& lo, __m256& hi) {

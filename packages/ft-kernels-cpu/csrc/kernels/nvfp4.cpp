@@ -119,7 +119,7 @@ FT_TARGET_AVX2 void nvfp4_row_avx2(const uint8_t* w, const uint8_t* sc, const fl
       acc0[j] = _mm256_fmadd_ps(p, s0, acc0[j]);
     }
   }
-  for (int j = 0; j < N; ++j) out[j * os] = fp8nv::hsum8(_mm256_add_ps(acc0[j], acc1[j])) * 0.5f;
+  for (int j = 0; j < N; ++j) out[j * os] = hsum8(_mm256_add_ps(acc0[j], acc1[j])) * 0.5f;
 }
 
 // Rows with N vectors in even/odd chunk order. Per 32 elements (16 bytes, two groups): the bytes
