@@ -312,10 +312,6 @@ inline __m512i unsigned_x_start(__m512i w) {
   return _mm512_sub_epi32(_mm512_setzero_si512(),
                           _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)), w));
 }
-// The same for w = codes - off from the unsigned codes, in one instruction: 512 off - 128 sum codes.
-inline __m512i unsigned_x_start(__m512i codes, int off) {
-  return _mm512_dpbusd_epi32(_mm512_set1_epi32(512 * off), codes, _mm512_set1_epi8(-128));
-}
 
 // acc[j] += cvt(sum (x_j + 128) * w - 128 * sum w) * ws * dl_j for the 64 elements at k.
 template <int NV>
@@ -325,6 +321,28 @@ inline void dot64(__m512i w, __m512i start, __m512 ws, const Q8Ref* xs, int K, i
     const __m512i s = _mm512_dpbusd_epi32(start, ld512(xs[j].q + k), w);
     const __m512 dl = _mm512_loadu_ps(reinterpret_cast<const float*>(xs[j].q + kd));
     acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws, dl), acc[j]);
+  }
+}
+
+// x in groups of 256 (one dx per group): gacc[j] += cvt(lane_start_j + sum codes * x_j) * ws for the
+// 64 elements at k (unsigned codes against signed x, the constant offset of the codes taken out by the
+// vector's lane starts); the caller multiplies gacc by dx once per group.
+template <int NV>
+inline void dot64s(__m512i codes, __m512 ws, const Q8Ref* xs, int K, int k, __m512* gacc) {
+  const int ks = 2 * K + K / 8 + k;
+  for (int j = 0; j < NV; ++j) {
+    const __m512i s = _mm512_dpbusd_epi32(ld512(xs[j].q + ks), codes, ld512(xs[j].q + k));
+    gacc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), ws, gacc[j]);
+  }
+}
+// A single 32-element block at k: the upper 8 lanes get ws = 0.
+template <int NV>
+inline void dot32s(__m512i codes, __m512 ws, const Q8Ref* xs, int K, int k, __m512* gacc) {
+  const int ks = 2 * K + K / 8 + k;
+  for (int j = 0; j < NV; ++j) {
+    const __m512i s = _mm512_dpbusd_epi32(_mm512_maskz_loadu_epi32(0x00ff, xs[j].q + ks), codes,
+                                          _mm512_maskz_loadu_epi8(0xffffffffull, xs[j].q + k));
+    gacc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), ws, gacc[j]);
   }
 }
 
@@ -347,7 +365,7 @@ inline float load_f32(const uint8_t* p) {
 
 inline __m512 f16_bcast(const uint8_t* p) { return _mm512_set1_ps(_cvtsh_ss(load_u16(p))); }
 
-// Q4_0: codes 0..15 - 8. Two blocks (64 elements) per step: [lo0 hi0 lo1 hi1] nibbles.
+// Q4_0: codes 0..15 - 8 (x signed, lane starts -8 * lane sums). Two blocks (64 elements) per step: [lo0 hi0 lo1 hi1] nibbles.
 struct Q4_0 {
   static constexpr int elems = 32, bytes = 18;
   template <int NV>
@@ -360,14 +378,14 @@ struct Q4_0 {
     // d0 to lanes 0..7, d1 (word 9) to lanes 8..15.
     const __m256i idx = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 9, 9, 9, 9, 9, 9, 9, 9);
     const __m512 ws = _mm512_cvtph_ps(_mm256_permutexvar_epi16(idx, ld256(p)));
-    dot64<NV>(_mm512_sub_epi8(codes, _mm512_set1_epi8(8)), unsigned_x_start(codes, 8), ws, xs, K, k, acc);
+    dot64s<NV>(codes, ws, xs, K, k, acc);
   }
   template <int NV>
   static inline void single(const uint8_t* p, const Q8Ref* xs, int K, int k, __m512* acc) {
     const __m512i sh = _mm512_set_epi64(0, 0, 0, 0, 0x0004000400040004, 0x0004000400040004, 0, 0);
     const __m512i raw = _mm512_maskz_broadcast_i32x4(0x00ff, ld128(p + 2));
     const __m512i codes = _mm512_and_si512(_mm512_srlv_epi16(raw, sh), _mm512_set1_epi8(15));
-    dot32<NV>(_mm512_sub_epi8(codes, _mm512_set1_epi8(8)), unsigned_x_start(codes, 8), f16_bcast(p), xs, K, k, acc);
+    dot32s<NV>(codes, _mm512_maskz_mov_ps(0x00ff, f16_bcast(p)), xs, K, k, acc);
   }
 };
 
@@ -388,6 +406,33 @@ struct Q8_0 {
     dot32<NV>(w, unsigned_x_start(w), f16_bcast(p), xs, K, k, acc);
   }
 };
+
+// Q4_0 with x in groups of 256 (the last group of a row may be shorter, whole blocks).
+template <int NV>
+void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
+  const int nb = K / 32;
+  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * Q4_0::bytes, prefetch);
+  for (int r = 0; r < nrows; ++r) {
+    const uint8_t* w = W + r * ld;
+    __m512 acc[NV];
+    for (int j = 0; j < NV; ++j) acc[j] = _mm512_setzero_ps();
+    for (int b0 = 0; b0 < nb; b0 += 8) {
+      const int b1 = std::min(nb, b0 + 8);
+      __m512 gacc[NV];
+      for (int j = 0; j < NV; ++j) gacc[j] = _mm512_setzero_ps();
+      int b = b0;
+      for (; b + 2 <= b1; b += 2) {
+        if (prefetch) pf.advance(w + b * Q4_0::bytes);
+        Q4_0::pair<NV>(w + b * Q4_0::bytes, xs, K, 32 * b, gacc);
+      }
+      if (b < b1) Q4_0::single<NV>(w + b * Q4_0::bytes, xs, K, 32 * b, gacc);
+      for (int j = 0; j < NV; ++j) {
+        acc[j] = _mm512_fmadd_ps(gacc[j], _mm512_set1_ps(load_f32(xs[j].q + K + 32 * b0)), acc[j]);
+      }
+    }
+    for (int j = 0; j < NV; ++j) out[j * os + r] = _mm512_reduce_add_ps(acc[j]);
+  }
+}
 
 template <class T, int NV>
 void rows32(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
@@ -466,7 +511,7 @@ struct QK45 {
   }
 };
 
-// Q6_K: codes 0..63 - 32 (signed, x unsigned), an int8 scale per 16 elements (4 lanes).
+// Q6_K: codes 0..63 - 32 (x signed, lane starts -32 * lane sums), an int8 scale per 16 elements (4 lanes).
 struct Q6K {
   static constexpr int elems = 256, bytes = 210;
   template <int NV>
@@ -499,10 +544,8 @@ struct Q6K {
         const __m512i scw = _mm512_permutexvar_epi32(idx, sc);
         const int kg = k + 64 * g;
         const __m512i codes = g2 ? hi : lo;
-        const __m512i w = _mm512_sub_epi8(codes, _mm512_set1_epi8(32));
-        const __m512i start = unsigned_x_start(codes, 32);
         for (int j = 0; j < NV; ++j) {
-          const __m512i lane = _mm512_dpbusd_epi32(start, ld512(xs[j].q + kg), w);
+          const __m512i lane = _mm512_dpbusd_epi32(ld512(xs[j].q + 2 * K + K / 8 + kg), codes, ld512(xs[j].q + kg));
           iacc[j] = _mm512_dpwssd_epi32(iacc[j], lane, scw);
         }
       }
@@ -536,20 +579,23 @@ void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, flo
 
 }  // namespace
 
-void quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, void* base) {
+void quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int lane_off, void* base) {
   auto* b = static_cast<uint8_t*>(base);
   uint8_t* q = b;
   auto* dl = reinterpret_cast<float*>(b + K);
   auto* xsum = reinterpret_cast<float*>(b + 2 * static_cast<size_t>(K));
+  auto* ls = reinterpret_cast<int32_t*>(b + 2 * static_cast<size_t>(K) + K / 8);
+  const __m256i voff = _mm256_set1_epi8(static_cast<char>(lane_off));
   const __m256i flip = _mm256_set1_epi8(unsigned_x ? static_cast<char>(0x80) : 0);
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   for (int g = k0; g < k1; g += G) {
+    const int ge = std::min(g + G, k1);  // a shorter last group (whole 32-blocks)
     __m512 mx = _mm512_setzero_ps();
-    for (int k = g; k < g + G; k += 16) mx = _mm512_max_ps(mx, _mm512_and_ps(_mm512_loadu_ps(x + k), absmask));
+    for (int k = g; k < ge; k += 16) mx = _mm512_max_ps(mx, _mm512_and_ps(_mm512_loadu_ps(x + k), absmask));
     const float amax = _mm512_reduce_max_ps(mx);
     const float dx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
     const __m512 vinv = _mm512_set1_ps(inv);
-    for (int k = g; k < g + G; k += 32) {
+    for (int k = g; k < ge; k += 32) {
       const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
       xsum[k / 32] = _mm512_reduce_add_ps(_mm512_add_ps(x0, x1));
       // round half to even (MXCSR default), |x * inv| <= 127 up to rounding: clamp, then narrow
@@ -561,6 +607,10 @@ void quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, voi
       const __m256i qb = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtepi32_epi8(q0)),
                                                  _mm512_cvtepi32_epi8(q1), 1);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k), _mm256_xor_si256(qb, flip));
+      if (lane_off != 0) {
+        const __m256i st = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), voff, qb));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(ls + k / 4), st);
+      }
       _mm256_storeu_ps(dl + k / 4, _mm256_set1_ps(dx));
     }
   }
@@ -570,6 +620,9 @@ namespace {
 template <class T>
 void q8_32(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) {
   dispatch_n(n, [&](auto nv) { rows32<T, decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
+}
+void q8_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) {
+  dispatch_n(n, [&](auto nv) { rows_q4_0<decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
 }
 template <class T>
 void q8_256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) {
@@ -591,6 +644,7 @@ void q8_256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int 
   {rows_f16_scalar, avx2::rows_f16, avx512::rows_f16, avx512::rows_f16},                           \
       {multi_scalar<rows_f16_scalar>, avx2::multi_f16, avx512::multi_f16, avx512::multi_f16}
 #define FT_GGML_Q8(R, T) vnni::R<vnni::T>
+#define FT_GGML_Q8_Q4_0 vnni::q8_q4_0
 #else
 #define FT_GGML_TIERS(scalar_fn, T) \
   {scalar_fn, scalar_fn, scalar_fn, scalar_fn}, \
@@ -600,6 +654,7 @@ void q8_256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int 
       {multi_scalar<rows_f16_scalar>, multi_scalar<rows_f16_scalar>, multi_scalar<rows_f16_scalar>, \
        multi_scalar<rows_f16_scalar>}
 #define FT_GGML_Q8(R, T) nullptr
+#define FT_GGML_Q8_Q4_0 nullptr
 #endif  // FT_X86
 
 namespace {
@@ -609,18 +664,18 @@ namespace {
 // weights are dequantized to fp32 in registers either way, and a bf16 dot product would only add a
 // conversion).
 const TypeInfo kTypes[] = {
-    {8, "Q8_0", 32, 34, FT_GGML_TIERS((rows_scalar<32, 34, deq_q8_0>), Q8_0), FT_GGML_Q8(q8_32, Q8_0), true, 32},
-    {2, "Q4_0", 32, 18, FT_GGML_TIERS((rows_scalar<32, 18, deq_q4_0>), Q4_0), FT_GGML_Q8(q8_32, Q4_0), true, 32},
+    {8, "Q8_0", 32, 34, FT_GGML_TIERS((rows_scalar<32, 34, deq_q8_0>), Q8_0), FT_GGML_Q8(q8_32, Q8_0), true, 32, 0},
+    {2, "Q4_0", 32, 18, FT_GGML_TIERS((rows_scalar<32, 18, deq_q4_0>), Q4_0), FT_GGML_Q8_Q4_0, false, 256, 8},
     {30, "BF16", 1, 2, {rows_bf16<Isa::scalar>, rows_bf16<Isa::avx2>, rows_bf16<Isa::avx512>, rows_bf16<Isa::avx512>},
      {multi_bf16<Isa::scalar>, multi_bf16<Isa::avx2>, multi_bf16<Isa::avx512>, multi_bf16<Isa::avx512>}, nullptr, false,
-     32},
-    {1, "F16", 1, 2, FT_GGML_F16_TIERS, nullptr, false, 32},
-    {39, "MXFP4", 32, 17, FT_GGML_TIERS((rows_scalar<32, 17, deq_mxfp4>), MXFP4), nullptr, false, 32},
+     32, 0},
+    {1, "F16", 1, 2, FT_GGML_F16_TIERS, nullptr, false, 32, 0},
+    {39, "MXFP4", 32, 17, FT_GGML_TIERS((rows_scalar<32, 17, deq_mxfp4>), MXFP4), nullptr, false, 32, 0},
     {12, "Q4_K", 256, 144, FT_GGML_TIERS((rows_scalar<256, 144, deq_q4_k>), Q4_K), FT_GGML_Q8(q8_256, QK45<false>),
-     false, 256},
-    {14, "Q6_K", 256, 210, FT_GGML_TIERS((rows_scalar<256, 210, deq_q6_k>), Q6_K), FT_GGML_Q8(q8_256, Q6K), true, 256},
+     false, 256, 0},
+    {14, "Q6_K", 256, 210, FT_GGML_TIERS((rows_scalar<256, 210, deq_q6_k>), Q6_K), FT_GGML_Q8(q8_256, Q6K), false, 256, 32},
     {13, "Q5_K", 256, 176, FT_GGML_TIERS((rows_scalar<256, 176, deq_q5_k>), Q5_K), FT_GGML_Q8(q8_256, QK45<true>),
-     false, 256},
+     false, 256, 0},
 };
 
 }  // namespace
@@ -659,11 +714,11 @@ size_t row_bytes(const std::string& context, const TypeInfo& t, long long K, con
 }
 
 #if FT_X86
-void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, void* base) {
-  vnni::quantize(x, k0, k1, K, G, unsigned_x, base);
+void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int lane_off, void* base) {
+  vnni::quantize(x, k0, k1, K, G, unsigned_x, lane_off, base);
 }
 #else
-void q8_quantize(const float*, int, int, int, int, bool, void*) { throw Error("q8_quantize needs AVX-512"); }
+void q8_quantize(const float*, int, int, int, int, bool, int, void*) { throw Error("q8_quantize needs AVX-512"); }
 #endif
 
 GgmlMoeFormat::GgmlMoeFormat(const MoeParams& p, const Matrix& gate, const Matrix& up, const Matrix& down)
@@ -680,12 +735,13 @@ void GgmlMoeFormat::prep_input(const TaskInput& in) {
   if (xq_.size() < in.num_tokens * nb) xq_.resize(in.num_tokens * nb);
   for (int t = 0; t < in.num_tokens; ++t) {
     q8_quantize(in.x_f32 + static_cast<size_t>(t) * H, 0, H, H, gate_.type->q8_group, gate_.type->q8_xu,
-                xq_.data() + t * nb);
+                gate_.type->q8_off,                 xq_.data() + t * nb);
   }
 }
 
 void GgmlMoeFormat::prep_inter(const float* h, int i0, int i1, void* prepped) const {
-  if (down_q8_) q8_quantize(h, i0, i1, p_.intermediate, down_.type->q8_group, down_.type->q8_xu, prepped);
+  if (down_q8_) q8_quantize(h, i0, i1, p_.intermediate, down_.type->q8_group, down_.type->q8_xu, down_.type->q8_off,
+                              prepped);
 }
 
 void GgmlMoeFormat::mat_rows(const Matrix& m, bool q8, int e, int r0, int r1, const float* const* xs,
