@@ -324,28 +324,6 @@ inline void dot64(__m512i w, __m512i start, __m512 ws, const Q8Ref* xs, int K, i
   }
 }
 
-// x in groups of 256 (one dx per group): gacc[j] += cvt(lane_start_j + sum codes * x_j) * ws for the
-// 64 elements at k (unsigned codes against signed x, the constant offset of the codes taken out by the
-// vector's lane starts); the caller multiplies gacc by dx once per group.
-template <int NV>
-inline void dot64s(__m512i codes, __m512 ws, const Q8Ref* xs, int K, int k, __m512* gacc) {
-  const int ks = 2 * K + K / 8 + k;
-  for (int j = 0; j < NV; ++j) {
-    const __m512i s = _mm512_dpbusd_epi32(ld512(xs[j].q + ks), codes, ld512(xs[j].q + k));
-    gacc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), ws, gacc[j]);
-  }
-}
-// A single 32-element block at k: the upper 8 lanes get ws = 0.
-template <int NV>
-inline void dot32s(__m512i codes, __m512 ws, const Q8Ref* xs, int K, int k, __m512* gacc) {
-  const int ks = 2 * K + K / 8 + k;
-  for (int j = 0; j < NV; ++j) {
-    const __m512i s = _mm512_dpbusd_epi32(_mm512_maskz_loadu_epi32(0x00ff, xs[j].q + ks), codes,
-                                          _mm512_maskz_loadu_epi8(0xffffffffull, xs[j].q + k));
-    gacc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), ws, gacc[j]);
-  }
-}
-
 // A single 32-element block at k (the last of an odd row): the upper 8 lanes get dl = 0.
 template <int NV>
 inline void dot32(__m512i w, __m512i start, __m512 ws, const Q8Ref* xs, int K, int k, __m512* acc) {
@@ -365,27 +343,40 @@ inline float load_f32(const uint8_t* p) {
 
 inline __m512 f16_bcast(const uint8_t* p) { return _mm512_set1_ps(_cvtsh_ss(load_u16(p))); }
 
-// Q4_0: codes 0..15 - 8 (x signed, lane starts -8 * lane sums). Two blocks (64 elements) per step: [lo0 hi0 lo1 hi1] nibbles.
+// Q4_0 with x in groups of 256 (one dx per group): unsigned codes 0..15 against signed x, per
+// 64 elements and vector one VPDPBUSD, one conversion and one FMA by the two blocks' fp16 scales
+// (converted 8 at a time, once per group for all vectors); the offset -8 of the codes is taken out
+// once per group and vector by the blocks' precomputed -8 * (sum of x codes) (Q8 vector's bs) times
+// the 8 scales; the group's sum is multiplied by dx at its end.
 struct Q4_0 {
   static constexpr int elems = 32, bytes = 18;
-  template <int NV>
-  static inline void pair(const uint8_t* p, const Q8Ref* xs, int K, int k, __m512* acc) {
+  // The fp16 scales of the nblk <= 8 blocks at p as fp32 lanes 0..nblk-1 (others 0): words 9i of the
+  // 128 bytes from p (masked: nothing past the group's last block is read).
+  static inline __m512 scales8(const uint8_t* p, int nblk) {
+    const int n = nblk * bytes;
+    const __mmask64 m0 = n >= 64 ? ~0ull : (1ull << n) - 1;
+    const __mmask64 m1 = n >= 128 ? ~0ull : n <= 64 ? 0ull : (1ull << (n - 64)) - 1;
+    const __m512i a = _mm512_maskz_loadu_epi8(m0, p), b = _mm512_maskz_loadu_epi8(m1, p + 64);
+    const __m512i idx = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 63, 54,
+                                         45, 36, 27, 18, 9, 0);
+    const __m128i h = _mm512_castsi512_si128(_mm512_permutex2var_epi16(a, idx, b));
+    return _mm512_maskz_mov_ps(static_cast<__mmask16>((1u << nblk) - 1), _mm512_cvtph_ps(_mm256_castsi128_si256(h)));
+  }
+  static inline __m512i codes(const uint8_t* p, bool two) {
     const __m512i sh = _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0, 0, 0x0004000400040004,
                                         0x0004000400040004, 0, 0);
     __m512i raw = _mm512_broadcast_i32x4(ld128(p + 2));
-    raw = _mm512_mask_broadcast_i32x4(raw, 0xff00, ld128(p + 20));
-    const __m512i codes = _mm512_and_si512(_mm512_srlv_epi16(raw, sh), _mm512_set1_epi8(15));
-    // d0 to lanes 0..7, d1 (word 9) to lanes 8..15.
-    const __m256i idx = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 9, 9, 9, 9, 9, 9, 9, 9);
-    const __m512 ws = _mm512_cvtph_ps(_mm256_permutexvar_epi16(idx, ld256(p)));
-    dot64s<NV>(codes, ws, xs, K, k, acc);
+    if (two) raw = _mm512_mask_broadcast_i32x4(raw, 0xff00, ld128(p + 20));
+    return _mm512_and_si512(_mm512_srlv_epi16(raw, sh), _mm512_set1_epi8(15));
   }
+  // gacc[j] += cvt(sum codes * x_j) * ws over the 64 (two blocks) or 32 elements at k (the upper 8
+  // lanes of ws are 0 for one block).
   template <int NV>
-  static inline void single(const uint8_t* p, const Q8Ref* xs, int K, int k, __m512* acc) {
-    const __m512i sh = _mm512_set_epi64(0, 0, 0, 0, 0x0004000400040004, 0x0004000400040004, 0, 0);
-    const __m512i raw = _mm512_maskz_broadcast_i32x4(0x00ff, ld128(p + 2));
-    const __m512i codes = _mm512_and_si512(_mm512_srlv_epi16(raw, sh), _mm512_set1_epi8(15));
-    dot32s<NV>(codes, _mm512_maskz_mov_ps(0x00ff, f16_bcast(p)), xs, K, k, acc);
+  static inline void dot(__m512i c, __m512 ws, const Q8Ref* xs, int k, bool two, __m512* gacc) {
+    for (int j = 0; j < NV; ++j) {
+      const __m512i xv = two ? ld512(xs[j].q + k) : _mm512_maskz_loadu_epi8(0xffffffffull, xs[j].q + k);
+      gacc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), c, xv)), ws, gacc[j]);
+    }
   }
 };
 
@@ -407,6 +398,42 @@ struct Q8_0 {
   }
 };
 
+// One group of nblk <= 8 Q4_0 blocks at g (x elements from k) into acc (inlined so that full groups
+// get nblk = 8 as a constant: constant masks, unrolled pairs).
+template <int NV>
+__attribute__((always_inline)) inline void q4_0_group(const uint8_t* g, int nblk, const Q8Ref* xs, int K, int k,
+                                                      __m512* acc, StreamPrefetchCursor& pf, int prefetch) {
+  const __m512 d8 = Q4_0::scales8(g, nblk);
+  const int bs_at = 3 * K + K / 8 + k / 8;
+  // two FMA chains per vector where there are few vectors (the FMA latency, not the ports, bounds one)
+  constexpr int C = NV <= 2 ? 2 : 1;
+  __m512 gacc[C][NV];
+  // the offsets: -8 * sum_b d_b * (sum of the x codes of block b)
+  for (int j = 0; j < NV; ++j) {
+    if (C == 2) gacc[C - 1][j] = _mm512_setzero_ps();
+    gacc[0][j] = _mm512_mul_ps(d8, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(
+                                    static_cast<__mmask8>((1u << nblk) - 1),
+                                    reinterpret_cast<const float*>(xs[j].q + bs_at))));
+  }
+  int i = 0;
+#pragma GCC unroll 4
+  for (; i + 2 <= nblk; i += 2) {
+    if (prefetch) pf.advance(g + i * Q4_0::bytes);
+    const __m512i idx = _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32(i), _mm512_set1_epi32(i + 1));
+    Q4_0::dot<NV>(Q4_0::codes(g + i * Q4_0::bytes, true), _mm512_permutexvar_ps(idx, d8), xs, k + 32 * i, true,
+                  gacc[(i / 2) % C]);
+  }
+  if (i < nblk) {
+    Q4_0::dot<NV>(Q4_0::codes(g + i * Q4_0::bytes, false),
+                  _mm512_maskz_permutexvar_ps(0x00ff, _mm512_set1_epi32(i), d8), xs, k + 32 * i, false,
+                  gacc[(i / 2) % C]);
+  }
+  for (int j = 0; j < NV; ++j) {
+    if (C == 2) gacc[0][j] = _mm512_add_ps(gacc[0][j], gacc[C - 1][j]);
+    acc[j] = _mm512_fmadd_ps(gacc[0][j], _mm512_set1_ps(load_f32(xs[j].q + K + k)), acc[j]);
+  }
+}
+
 // Q4_0 with x in groups of 256 (the last group of a row may be shorter, whole blocks).
 template <int NV>
 void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
@@ -416,20 +443,9 @@ void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, f
     const uint8_t* w = W + r * ld;
     __m512 acc[NV];
     for (int j = 0; j < NV; ++j) acc[j] = _mm512_setzero_ps();
-    for (int b0 = 0; b0 < nb; b0 += 8) {
-      const int b1 = std::min(nb, b0 + 8);
-      __m512 gacc[NV];
-      for (int j = 0; j < NV; ++j) gacc[j] = _mm512_setzero_ps();
-      int b = b0;
-      for (; b + 2 <= b1; b += 2) {
-        if (prefetch) pf.advance(w + b * Q4_0::bytes);
-        Q4_0::pair<NV>(w + b * Q4_0::bytes, xs, K, 32 * b, gacc);
-      }
-      if (b < b1) Q4_0::single<NV>(w + b * Q4_0::bytes, xs, K, 32 * b, gacc);
-      for (int j = 0; j < NV; ++j) {
-        acc[j] = _mm512_fmadd_ps(gacc[j], _mm512_set1_ps(load_f32(xs[j].q + K + 32 * b0)), acc[j]);
-      }
-    }
+    int b0 = 0;
+    for (; b0 + 8 <= nb; b0 += 8) q4_0_group<NV>(w + b0 * Q4_0::bytes, 8, xs, K, 32 * b0, acc, pf, prefetch);
+    if (b0 < nb) q4_0_group<NV>(w + b0 * Q4_0::bytes, nb - b0, xs, K, 32 * b0, acc, pf, prefetch);
     for (int j = 0; j < NV; ++j) out[j * os + r] = _mm512_reduce_add_ps(acc[j]);
   }
 }
@@ -585,6 +601,7 @@ void quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int
   auto* dl = reinterpret_cast<float*>(b + K);
   auto* xsum = reinterpret_cast<float*>(b + 2 * static_cast<size_t>(K));
   auto* ls = reinterpret_cast<int32_t*>(b + 2 * static_cast<size_t>(K) + K / 8);
+  auto* bs = reinterpret_cast<float*>(b + 3 * static_cast<size_t>(K) + K / 8);
   const __m256i voff = _mm256_set1_epi8(static_cast<char>(lane_off));
   const __m256i flip = _mm256_set1_epi8(unsigned_x ? static_cast<char>(0x80) : 0);
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
@@ -610,6 +627,8 @@ void quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int
       if (lane_off != 0) {
         const __m256i st = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), voff, qb));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(ls + k / 4), st);
+        const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(st), _mm256_extracti128_si256(st, 1));
+        bs[k / 32] = static_cast<float>(_mm_cvtsi128_si32(_mm_hadd_epi32(_mm_hadd_epi32(s4, s4), s4)));
       }
       _mm256_storeu_ps(dl + k / 4, _mm256_set1_ps(dx));
     }

@@ -54,10 +54,12 @@ using MultiFn = void (*)(const uint8_t* W, size_t ld, int nrows, const float* co
 //   ls[l]    = -off * (sum of the codes of lane l) (int32), off = TypeInfo::q8_off (the constant offset
 //              of the weights' unsigned codes, 8 for Q4_0, 32 for Q6_K; not written when 0): the
 //              start of VPDPBUSD(unsigned codes, signed x) lanes, so that they sum (codes - off) * x
+//   bs[b]    = the sum of ls over the 8 lanes of block b (elements 32b..32b+31) as fp32 (exact)
 // Bytes of a Q8 vector of K elements: q [K] bytes, dl [K/4] fp32 at byte K, xsum [K/32] fp32 at byte
-// 2K, ls [K/4] int32 at byte 2K + K/8. Kernels address all from the vector's base (one pointer per
-// vector: dl of element k is at byte K + k, xsum of its 32-block at byte 2K + k/8, ls at 2K + K/8 + k).
-inline size_t q8_bytes(int K) { return 3 * static_cast<size_t>(K) + static_cast<size_t>(K) / 8; }
+// 2K, ls [K/4] int32 at byte 2K + K/8, bs [K/32] fp32 at byte 3K + K/8. Kernels address all from the
+// vector's base (one pointer per vector: dl of element k is at byte K + k, xsum of its 32-block at
+// byte 2K + k/8, ls at 2K + K/8 + k, bs at 3K + K/8 + k/8).
+inline size_t q8_bytes(int K) { return 3 * static_cast<size_t>(K) + static_cast<size_t>(K) / 4; }
 struct Q8Ref {
   const uint8_t* q;  // the vector's base
 };
