@@ -363,11 +363,10 @@ struct Q4_0 {
     return _mm512_maskz_mov_ps(static_cast<__mmask16>((1u << nblk) - 1), _mm512_cvtph_ps(_mm256_castsi128_si256(h)));
   }
   static inline __m512i codes(const uint8_t* p, bool two) {
-    const __m512i sh = _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0, 0, 0x0004000400040004,
-                                        0x0004000400040004, 0, 0);
     __m512i raw = _mm512_broadcast_i32x4(ld128(p + 2));
     if (two) raw = _mm512_mask_broadcast_i32x4(raw, 0xff00, ld128(p + 20));
-    return _mm512_and_si512(_mm512_srlv_epi16(raw, sh), _mm512_set1_epi8(15));
+    // high nibbles in the 128-bit lanes 1 and 3 (an immediate shift under a word mask)
+    return _mm512_and_si512(_mm512_mask_srli_epi16(raw, 0xff00ff00u, raw, 4), _mm512_set1_epi8(15));
   }
   // gacc[j] += cvt(sum codes * x_j) * ws over the 64 (two blocks) or 32 elements at k (the upper 8
   // lanes of ws are 0 for one block).
