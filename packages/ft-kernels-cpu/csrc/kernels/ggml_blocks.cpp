@@ -403,7 +403,7 @@ template <int NV>
 __attribute__((always_inline)) inline void q4_0_group(const uint8_t* g, int nblk, const Q8Ref* xs, int K, int k,
                                                       __m512* acc, StreamPrefetchCursor& pf, int prefetch) {
   const __m512 d8 = Q4_0::scales8(g, nblk);
-  const int bs_at = 3 * K + K / 8 + k / 8;
+  const int bs_at = 2 * K + K / 8 + k / 8;
   // two FMA chains per vector where there are few vectors (the FMA latency, not the ports, bounds one)
   constexpr int C = NV <= 2 ? 2 : 1;
   __m512 gacc[C][NV];
@@ -526,13 +526,17 @@ struct QK45 {
   }
 };
 
-// Q6_K: codes 0..63 - 32 (x signed, lane starts -32 * lane sums), an int8 scale per 16 elements (4 lanes).
+// Q6_K: codes 0..63 - 32 (x signed; the -32 once per super-block: -32 * scales . x sums per 16), an
+// int8 scale per 16 elements (4 lanes).
 struct Q6K {
   static constexpr int elems = 256, bytes = 210;
   template <int NV>
   static inline void block(const uint8_t* p, const Q8Ref* xs, int K, int k, __m512* acc, __m256* /*off*/) {
     // int8 scales sign-extended, high words cleared (VPDPWSSD multiplies word pairs)
-    const __m512i sc = _mm512_and_si512(_mm512_cvtepi8_epi32(ld128(p + 192)), _mm512_set1_epi32(0xffff));
+    const __m512i scs = _mm512_cvtepi8_epi32(ld128(p + 192)), lo16 = _mm512_set1_epi32(0xffff);
+    const __m512i sc = _mm512_and_si512(scs, lo16);
+    // -32 * sc (|.| <= 4064) against the x code sums per 16 elements (gs): the offset of the codes
+    const __m512i scn = _mm512_and_si512(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(scs, 5)), lo16);
     const float d = _cvtsh_ss(load_u16(p + 208));
     const __m512i shl = _mm512_set_epi64(0x0002000200020002, 0x0002000200020002, 0x0002000200020002,
                                          0x0002000200020002, 0x0004000400040004, 0x0004000400040004,
@@ -541,7 +545,9 @@ struct Q6K {
                                          0x0002000200020002, 0, 0, 0, 0);
     const __m512i m0f = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
     __m512i iacc[NV];
-    for (int j = 0; j < NV; ++j) iacc[j] = _mm512_setzero_si512();
+    for (int j = 0; j < NV; ++j) {
+      iacc[j] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), scn, ld512(xs[j].q + 2 * K + K / 4 + k / 4));
+    }
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
       const __m512i ql = ld512(p + 64 * h);
@@ -560,7 +566,7 @@ struct Q6K {
         const int kg = k + 64 * g;
         const __m512i codes = g2 ? hi : lo;
         for (int j = 0; j < NV; ++j) {
-          const __m512i lane = _mm512_dpbusd_epi32(ld512(xs[j].q + 2 * K + K / 8 + kg), codes, ld512(xs[j].q + kg));
+          const __m512i lane = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, ld512(xs[j].q + kg));
           iacc[j] = _mm512_dpwssd_epi32(iacc[j], lane, scw);
         }
       }
@@ -599,9 +605,8 @@ void quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int
   uint8_t* q = b;
   auto* dl = reinterpret_cast<float*>(b + K);
   auto* xsum = reinterpret_cast<float*>(b + 2 * static_cast<size_t>(K));
-  auto* ls = reinterpret_cast<int32_t*>(b + 2 * static_cast<size_t>(K) + K / 8);
-  auto* bs = reinterpret_cast<float*>(b + 3 * static_cast<size_t>(K) + K / 8);
-  const __m256i voff = _mm256_set1_epi8(static_cast<char>(lane_off));
+  auto* bs = reinterpret_cast<float*>(b + 2 * static_cast<size_t>(K) + K / 8);
+  auto* gs = reinterpret_cast<int32_t*>(b + 2 * static_cast<size_t>(K) + K / 4);
   const __m256i flip = _mm256_set1_epi8(unsigned_x ? static_cast<char>(0x80) : 0);
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   for (int g = k0; g < k1; g += G) {
@@ -624,10 +629,12 @@ void quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int
                                                  _mm512_cvtepi32_epi8(q1), 1);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k), _mm256_xor_si256(qb, flip));
       if (lane_off != 0) {
-        const __m256i st = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), voff, qb));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(ls + k / 4), st);
-        const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(st), _mm256_extracti128_si256(st, 1));
-        bs[k / 32] = static_cast<float>(_mm_cvtsi128_si32(_mm_hadd_epi32(_mm_hadd_epi32(s4, s4), s4)));
+        alignas(32) int32_t l4[8];  // sums of 4 codes
+        _mm256_store_si256(reinterpret_cast<__m256i*>(l4),
+                           _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), qb));
+        const int32_t s0 = l4[0] + l4[1] + l4[2] + l4[3], s1 = l4[4] + l4[5] + l4[6] + l4[7];
+        gs[k / 16] = s0 & 0xffff, gs[k / 16 + 1] = s1 & 0xffff;  // |s| <= 2032: the low word, signed
+        bs[k / 32] = static_cast<float>(-lane_off * (s0 + s1));
       }
       _mm256_storeu_ps(dl + k / 4, _mm256_set1_ps(dx));
     }
@@ -691,7 +698,8 @@ const TypeInfo kTypes[] = {
     {39, "MXFP4", 32, 17, FT_GGML_TIERS((rows_scalar<32, 17, deq_mxfp4>), MXFP4), nullptr, false, 32, 0},
     {12, "Q4_K", 256, 144, FT_GGML_TIERS((rows_scalar<256, 144, deq_q4_k>), Q4_K), FT_GGML_Q8(q8_256, QK45<false>),
      false, 256, 0},
-    {14, "Q6_K", 256, 210, FT_GGML_TIERS((rows_scalar<256, 210, deq_q6_k>), Q6_K), FT_GGML_Q8(q8_256, Q6K), false, 256, 32},
+    {14, "Q6_K", 256, 210, FT_GGML_TIERS((rows_scalar<256, 210, deq_q6_k>), Q6_K), FT_GGML_Q8(q8_256, Q6K), false,
+     256, 32},
     {13, "Q5_K", 256, 176, FT_GGML_TIERS((rows_scalar<256, 176, deq_q5_k>), Q5_K), FT_GGML_Q8(q8_256, QK45<true>),
      false, 256, 0},
 };

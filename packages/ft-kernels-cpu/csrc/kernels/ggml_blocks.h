@@ -51,15 +51,16 @@ using MultiFn = void (*)(const uint8_t* W, size_t ld, int nrows, const float* co
 //              then signed and the +128 is taken out once per weight block, for all vectors)
 //   dl[l]    = dx of the group of lane l (elements 4l..4l+3)
 //   xsum[b]  = sum of the unquantized x over elements 32b..32b+31 (fp32; the min terms of Q4_K/Q5_K)
-//   ls[l]    = -off * (sum of the codes of lane l) (int32), off = TypeInfo::q8_off (the constant offset
-//              of the weights' unsigned codes, 8 for Q4_0, 32 for Q6_K; not written when 0): the
-//              start of VPDPBUSD(unsigned codes, signed x) lanes, so that they sum (codes - off) * x
-//   bs[b]    = the sum of ls over the 8 lanes of block b (elements 32b..32b+31) as fp32 (exact)
+//   bs[b]    = -off * (sum of the codes of block b, elements 32b..32b+31) as fp32 (exact), off =
+//              TypeInfo::q8_off, the constant offset of the weights' unsigned codes (8 for Q4_0, 32 for
+//              Q6_K; bs and gs are not written when it is 0): VPDPBUSD(unsigned codes, signed x)
+//              sums codes * x, the offset is taken out per block or super-block
+//   gs[g]    = sum of the codes of elements 16g..16g+15 in the low 16 bits (signed), high 16 bits 0
 // Bytes of a Q8 vector of K elements: q [K] bytes, dl [K/4] fp32 at byte K, xsum [K/32] fp32 at byte
-// 2K, ls [K/4] int32 at byte 2K + K/8, bs [K/32] fp32 at byte 3K + K/8. Kernels address all from the
-// vector's base (one pointer per vector: dl of element k is at byte K + k, xsum of its 32-block at
-// byte 2K + k/8, ls at 2K + K/8 + k, bs at 3K + K/8 + k/8).
-inline size_t q8_bytes(int K) { return 3 * static_cast<size_t>(K) + static_cast<size_t>(K) / 4; }
+// 2K, bs [K/32] fp32 at byte 2K + K/8, gs [K/16] int32 at byte 2K + K/4. Kernels address all from the
+// vector's base (one pointer per vector: dl of element k is at byte K + k, xsum of its 32-block at byte
+// 2K + k/8, bs at 2K + K/8 + k/8, gs of its 16-group at 2K + K/4 + k/4).
+inline size_t q8_bytes(int K) { return 2 * static_cast<size_t>(K) + static_cast<size_t>(K) / 2; }
 struct Q8Ref {
   const uint8_t* q;  // the vector's base
 };
@@ -80,7 +81,7 @@ struct TypeInfo {
   Q8Fn q8;                 // int8-activation kernels of the avx512_bf16 tier (AVX512-VNNI), or nullptr
   bool q8_xu;              // q8 takes x as unsigned (code + 128)
   int q8_group;            // elements per x scale that q8 expects (32 or 256)
-  int q8_off;              // the lane starts ls of q8's x (0: none)
+  int q8_off;              // the code offset of bs/gs in q8's x (0: none)
 };
 
 // The supported type of ggml id `id`, or nullptr.
