@@ -312,6 +312,10 @@ inline __m512i unsigned_x_start(__m512i w) {
   return _mm512_sub_epi32(_mm512_setzero_si512(),
                           _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(0x80)), w));
 }
+// The same for w = codes - off from the unsigned codes, in one instruction: 512 off - 128 sum codes.
+inline __m512i unsigned_x_start(__m512i codes, int off) {
+  return _mm512_dpbusd_epi32(_mm512_set1_epi32(512 * off), codes, _mm512_set1_epi8(-128));
+}
 
 // acc[j] += cvt(sum (x_j + 128) * w - 128 * sum w) * ws * dl_j for the 64 elements at k.
 template <int NV>
@@ -526,17 +530,13 @@ struct QK45 {
   }
 };
 
-// Q6_K: codes 0..63 - 32 (x signed; the -32 once per super-block: -32 * scales . x sums per 16), an
-// int8 scale per 16 elements (4 lanes).
+// Q6_K: codes 0..63 - 32 (signed, x unsigned), an int8 scale per 16 elements (4 lanes).
 struct Q6K {
   static constexpr int elems = 256, bytes = 210;
   template <int NV>
   static inline void block(const uint8_t* p, const Q8Ref* xs, int K, int k, __m512* acc, __m256* /*off*/) {
     // int8 scales sign-extended, high words cleared (VPDPWSSD multiplies word pairs)
-    const __m512i scs = _mm512_cvtepi8_epi32(ld128(p + 192)), lo16 = _mm512_set1_epi32(0xffff);
-    const __m512i sc = _mm512_and_si512(scs, lo16);
-    // -32 * sc (|.| <= 4064) against the x code sums per 16 elements (gs): the offset of the codes
-    const __m512i scn = _mm512_and_si512(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(scs, 5)), lo16);
+    const __m512i sc = _mm512_and_si512(_mm512_cvtepi8_epi32(ld128(p + 192)), _mm512_set1_epi32(0xffff));
     const float d = _cvtsh_ss(load_u16(p + 208));
     const __m512i shl = _mm512_set_epi64(0x0002000200020002, 0x0002000200020002, 0x0002000200020002,
                                          0x0002000200020002, 0x0004000400040004, 0x0004000400040004,
@@ -545,9 +545,7 @@ struct Q6K {
                                          0x0002000200020002, 0, 0, 0, 0);
     const __m512i m0f = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
     __m512i iacc[NV];
-    for (int j = 0; j < NV; ++j) {
-      iacc[j] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), scn, ld512(xs[j].q + 2 * K + K / 4 + k / 4));
-    }
+    for (int j = 0; j < NV; ++j) iacc[j] = _mm512_setzero_si512();
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
       const __m512i ql = ld512(p + 64 * h);
@@ -565,8 +563,10 @@ struct Q6K {
         const __m512i scw = _mm512_permutexvar_epi32(idx, sc);
         const int kg = k + 64 * g;
         const __m512i codes = g2 ? hi : lo;
+        const __m512i w = _mm512_sub_epi8(codes, _mm512_set1_epi8(32));
+        const __m512i start = unsigned_x_start(codes, 32);
         for (int j = 0; j < NV; ++j) {
-          const __m512i lane = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, ld512(xs[j].q + kg));
+          const __m512i lane = _mm512_dpbusd_epi32(start, ld512(xs[j].q + kg), w);
           iacc[j] = _mm512_dpwssd_epi32(iacc[j], lane, scw);
         }
       }
@@ -698,8 +698,8 @@ const TypeInfo kTypes[] = {
     {39, "MXFP4", 32, 17, FT_GGML_TIERS((rows_scalar<32, 17, deq_mxfp4>), MXFP4), nullptr, false, 32, 0},
     {12, "Q4_K", 256, 144, FT_GGML_TIERS((rows_scalar<256, 144, deq_q4_k>), Q4_K), FT_GGML_Q8(q8_256, QK45<false>),
      false, 256, 0},
-    {14, "Q6_K", 256, 210, FT_GGML_TIERS((rows_scalar<256, 210, deq_q6_k>), Q6_K), FT_GGML_Q8(q8_256, Q6K), false,
-     256, 32},
+    {14, "Q6_K", 256, 210, FT_GGML_TIERS((rows_scalar<256, 210, deq_q6_k>), Q6_K), FT_GGML_Q8(q8_256, Q6K), true,
+     256, 0},
     {13, "Q5_K", 256, 176, FT_GGML_TIERS((rows_scalar<256, 176, deq_q5_k>), Q5_K), FT_GGML_Q8(q8_256, QK45<true>),
      false, 256, 0},
 };

@@ -52,8 +52,8 @@ using MultiFn = void (*)(const uint8_t* W, size_t ld, int nrows, const float* co
 //   dl[l]    = dx of the group of lane l (elements 4l..4l+3)
 //   xsum[b]  = sum of the unquantized x over elements 32b..32b+31 (fp32; the min terms of Q4_K/Q5_K)
 //   bs[b]    = -off * (sum of the codes of block b, elements 32b..32b+31) as fp32 (exact), off =
-//              TypeInfo::q8_off, the constant offset of the weights' unsigned codes (8 for Q4_0, 32 for
-//              Q6_K; bs and gs are not written when it is 0): VPDPBUSD(unsigned codes, signed x)
+//              TypeInfo::q8_off, the constant offset of the weights' unsigned codes (8 for Q4_0; bs and gs
+//              are not written when it is 0): VPDPBUSD(unsigned codes, signed x)
 //              sums codes * x, the offset is taken out per block or super-block
 //   gs[g]    = sum of the codes of elements 16g..16g+15 in the low 16 bits (signed), high 16 bits 0
 // Bytes of a Q8 vector of K elements: q [K] bytes, dl [K/4] fp32 at byte K, xsum [K/32] fp32 at byte
