@@ -606,7 +606,6 @@ void quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int
   auto* dl = reinterpret_cast<float*>(b + K);
   auto* xsum = reinterpret_cast<float*>(b + 2 * static_cast<size_t>(K));
   auto* bs = reinterpret_cast<float*>(b + 2 * static_cast<size_t>(K) + K / 8);
-  auto* gs = reinterpret_cast<int32_t*>(b + 2 * static_cast<size_t>(K) + K / 4);
   const __m256i flip = _mm256_set1_epi8(unsigned_x ? static_cast<char>(0x80) : 0);
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   for (int g = k0; g < k1; g += G) {
@@ -633,7 +632,6 @@ void quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int
         _mm256_store_si256(reinterpret_cast<__m256i*>(l4),
                            _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), qb));
         const int32_t s0 = l4[0] + l4[1] + l4[2] + l4[3], s1 = l4[4] + l4[5] + l4[6] + l4[7];
-        gs[k / 16] = s0 & 0xffff, gs[k / 16 + 1] = s1 & 0xffff;  // |s| <= 2032: the low word, signed
         bs[k / 32] = static_cast<float>(-lane_off * (s0 + s1));
       }
       _mm256_storeu_ps(dl + k / 4, _mm256_set1_ps(dx));
