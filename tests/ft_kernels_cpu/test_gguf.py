@@ -28,8 +28,9 @@ INT8_TYPES = {Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K}
 
 
 def int8_group(qtype: Q) -> int:
-    """Elements per x scale of the int8 path: 32 (ggml's Q8_0 activations), 256 for K-quants (Q8_K)."""
-    return 256 if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K) else 32
+    """Elements per x scale of the int8 path: 32 for Q8_0 (ggml's Q8_0 activations), 256 for K-quants
+    (Q8_K) and Q4_0 (the last group of a vector may be shorter)."""
+    return 256 if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q4_0) else 32
 
 
 def block_elems(qtype: Q) -> int:
@@ -192,16 +193,17 @@ def q8_emulate(v: np.ndarray, group: int, flips: bool = False):
     round-half-even(v * inv) in fp32, values code * amax/127. With `flips`, also the step of every
     element whose v * inv lies within 2e-3 of a rounding boundary (where an fp32 v computed in another
     order could round the other way), else 0."""
-    b = v.astype(np.float32).reshape(-1, group)
+    n = v.size
+    b = np.concatenate([v.astype(np.float32), np.zeros(-n % group, np.float32)]).reshape(-1, group)
     amax = np.abs(b).max(axis=1, keepdims=True)
     inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
     t = (b * inv).astype(np.float32)
     dx = (amax / np.float32(127)).astype(np.float64)
-    out = (np.clip(np.round(t), -127, 127) * dx).reshape(v.shape)
+    out = (np.clip(np.round(t), -127, 127) * dx).reshape(-1)[:n].reshape(v.shape)
     if not flips:
         return out
     near = np.abs(np.abs(t - np.floor(t)) - 0.5) < 2e-3
-    return out, (near * dx).reshape(v.shape)
+    return out, (near * dx).reshape(-1)[:n].reshape(v.shape)
 
 
 def int8_emulated_reference(x, ids, w, wref, act, gin: int, gdn: int):

@@ -11,17 +11,21 @@ from helpers.moe_reference import activation
 
 
 def block_amax(v: np.ndarray, group: int) -> np.ndarray:
-    """max |v| over each `group`-element block of the last axis, repeated per element."""
-    a = np.abs(v).reshape(*v.shape[:-1], -1, group).max(axis=-1)
-    return np.repeat(a, group, axis=-1)
+    """max |v| over each `group`-element block of the last axis (the last block may be shorter),
+    repeated per element."""
+    n = v.shape[-1]
+    pad = np.zeros((*v.shape[:-1], -n % group))
+    a = np.abs(np.concatenate([v, pad], axis=-1)).reshape(*v.shape[:-1], -1, group).max(axis=-1)
+    return np.repeat(a, group, axis=-1)[..., :n]
 
 
 def int8_error_bound(x, ids, w, wref, act, on_input, q8_in, q8_down, groups=(32, 32), **act_options):
     """Bound on |y - y_ref| added by the int8 activations of the avx512_bf16 tier (VNNI paths).
 
     wref: moe_reference's weight arguments (w_gate, w_up, w_down and optionally b_gate, b_up).
-    x (q8_in) and the intermediate h (q8_down) are rounded per group (32 elements, 256 for K-quant
-    weights: `groups` of x and h) to int8 steps of amax/127:
+    x (q8_in) and the intermediate h (q8_down) are rounded per group (32 elements, 256 for Q4_0 and
+    K-quant weights: `groups` of x and h, the last group of a vector may be shorter) to int8 steps
+    of amax/127:
     an element moves by at most amax_block/254. Through gate/up that moves g, u by at most
     dg = |W_gate| @ ex, du = |W_up| @ ex; every activation here has |dh/dg| <= 1.2 * (|u| + 1) and
     |dh/du| <= |g| (their gate-side factor silu/gelu/... is <= |g|, its slope <= 1.13; clamps only

@@ -347,27 +347,39 @@ inline float load_f32(const uint8_t* p) {
 
 inline __m512 f16_bcast(const uint8_t* p) { return _mm512_set1_ps(_cvtsh_ss(load_u16(p))); }
 
-// Q4_0: codes 0..15 - 8. Two blocks (64 elements) per step: [lo0 hi0 lo1 hi1] nibbles.
+// Q4_0 with x in groups of 256 (one dx per group): unsigned codes 0..15 against signed x, per
+// 64 elements and vector one VPDPBUSD, one conversion and one FMA by the two blocks' fp16 scales
+// (converted 8 at a time, once per group for all vectors); the offset -8 of the codes is taken out
+// once per group and vector by the blocks' precomputed -8 * (sum of x codes) (Q8 vector's bs) times
+// the 8 scales; the group's sum is multiplied by dx at its end.
 struct Q4_0 {
   static constexpr int elems = 32, bytes = 18;
-  template <int NV>
-  static inline void pair(const uint8_t* p, const Q8Ref* xs, int K, int k, __m512* acc) {
-    const __m512i sh = _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0, 0, 0x0004000400040004,
-                                        0x0004000400040004, 0, 0);
-    __m512i raw = _mm512_broadcast_i32x4(ld128(p + 2));
-    raw = _mm512_mask_broadcast_i32x4(raw, 0xff00, ld128(p + 20));
-    const __m512i codes = _mm512_and_si512(_mm512_srlv_epi16(raw, sh), _mm512_set1_epi8(15));
-    // d0 to lanes 0..7, d1 (word 9) to lanes 8..15.
-    const __m256i idx = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 9, 9, 9, 9, 9, 9, 9, 9);
-    const __m512 ws = _mm512_cvtph_ps(_mm256_permutexvar_epi16(idx, ld256(p)));
-    dot64<NV>(_mm512_sub_epi8(codes, _mm512_set1_epi8(8)), unsigned_x_start(codes, 8), ws, xs, K, k, acc);
+  // The fp16 scales of the nblk <= 8 blocks at p as fp32 lanes 0..nblk-1 (others 0): words 9i of the
+  // 128 bytes from p (masked: nothing past the group's last block is read).
+  static inline __m512 scales8(const uint8_t* p, int nblk) {
+    const int n = nblk * bytes;
+    const __mmask64 m0 = n >= 64 ? ~0ull : (1ull << n) - 1;
+    const __mmask64 m1 = n >= 128 ? ~0ull : n <= 64 ? 0ull : (1ull << (n - 64)) - 1;
+    const __m512i a = _mm512_maskz_loadu_epi8(m0, p), b = _mm512_maskz_loadu_epi8(m1, p + 64);
+    const __m512i idx = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 63, 54,
+                                         45, 36, 27, 18, 9, 0);
+    const __m128i h = _mm512_castsi512_si128(_mm512_permutex2var_epi16(a, idx, b));
+    return _mm512_maskz_mov_ps(static_cast<__mmask16>((1u << nblk) - 1), _mm512_cvtph_ps(_mm256_castsi128_si256(h)));
   }
+  static inline __m512i codes(const uint8_t* p, bool two) {
+    __m512i raw = _mm512_broadcast_i32x4(ld128(p + 2));
+    if (two) raw = _mm512_mask_broadcast_i32x4(raw, 0xff00, ld128(p + 20));
+    // high nibbles in the 128-bit lanes 1 and 3 (an immediate shift under a word mask)
+    return _mm512_and_si512(_mm512_mask_srli_epi16(raw, 0xff00ff00u, raw, 4), _mm512_set1_epi8(15));
+  }
+  // gacc[j] += cvt(sum codes * x_j) * ws over the 64 (two blocks) or 32 elements at k (the upper 8
+  // lanes of ws are 0 for one block).
   template <int NV>
-  static inline void single(const uint8_t* p, const Q8Ref* xs, int K, int k, __m512* acc) {
-    const __m512i sh = _mm512_set_epi64(0, 0, 0, 0, 0x0004000400040004, 0x0004000400040004, 0, 0);
-    const __m512i raw = _mm512_maskz_broadcast_i32x4(0x00ff, ld128(p + 2));
-    const __m512i codes = _mm512_and_si512(_mm512_srlv_epi16(raw, sh), _mm512_set1_epi8(15));
-    dot32<NV>(_mm512_sub_epi8(codes, _mm512_set1_epi8(8)), unsigned_x_start(codes, 8), f16_bcast(p), xs, K, k, acc);
+  static inline void dot(__m512i c, __m512 ws, const Q8Ref* xs, int k, bool two, __m512* gacc) {
+    for (int j = 0; j < NV; ++j) {
+      const __m512i xv = two ? ld512(xs[j].q + k) : _mm512_maskz_loadu_epi8(0xffffffffull, xs[j].q + k);
+      gacc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), c, xv)), ws, gacc[j]);
+    }
   }
 };
 
@@ -388,6 +400,58 @@ struct Q8_0 {
     dot32<NV>(w, unsigned_x_start(w), f16_bcast(p), xs, K, k, acc);
   }
 };
+
+// One group of nblk <= 8 Q4_0 blocks at g (x elements from k) into acc (inlined so that full groups
+// get nblk = 8 as a constant: constant masks, unrolled pairs).
+template <int NV>
+__attribute__((always_inline)) inline void q4_0_group(const uint8_t* g, int nblk, const Q8Ref* xs, int K, int k,
+                                                      __m512* acc, StreamPrefetchCursor& pf, int prefetch) {
+  const __m512 d8 = Q4_0::scales8(g, nblk);
+  const int bs_at = 2 * K + K / 8 + k / 8;
+  // two FMA chains per vector where there are few vectors (the FMA latency, not the ports, bounds one)
+  constexpr int C = NV <= 2 ? 2 : 1;
+  __m512 gacc[C][NV];
+  // the offsets: -8 * sum_b d_b * (sum of the x codes of block b)
+  for (int j = 0; j < NV; ++j) {
+    if (C == 2) gacc[C - 1][j] = _mm512_setzero_ps();
+    gacc[0][j] = _mm512_mul_ps(d8, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(
+                                    static_cast<__mmask8>((1u << nblk) - 1),
+                                    reinterpret_cast<const float*>(xs[j].q + bs_at))));
+  }
+  int i = 0;
+#pragma GCC unroll 4
+  for (; i + 2 <= nblk; i += 2) {
+    if (prefetch) pf.advance(g + i * Q4_0::bytes);
+    const __m512i idx = _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32(i), _mm512_set1_epi32(i + 1));
+    Q4_0::dot<NV>(Q4_0::codes(g + i * Q4_0::bytes, true), _mm512_permutexvar_ps(idx, d8), xs, k + 32 * i, true,
+                  gacc[(i / 2) % C]);
+  }
+  if (i < nblk) {
+    Q4_0::dot<NV>(Q4_0::codes(g + i * Q4_0::bytes, false),
+                  _mm512_maskz_permutexvar_ps(0x00ff, _mm512_set1_epi32(i), d8), xs, k + 32 * i, false,
+                  gacc[(i / 2) % C]);
+  }
+  for (int j = 0; j < NV; ++j) {
+    if (C == 2) gacc[0][j] = _mm512_add_ps(gacc[0][j], gacc[C - 1][j]);
+    acc[j] = _mm512_fmadd_ps(gacc[0][j], _mm512_set1_ps(load_f32(xs[j].q + K + k)), acc[j]);
+  }
+}
+
+// Q4_0 with x in groups of 256 (the last group of a row may be shorter, whole blocks).
+template <int NV>
+void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
+  const int nb = K / 32;
+  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * Q4_0::bytes, prefetch);
+  for (int r = 0; r < nrows; ++r) {
+    const uint8_t* w = W + r * ld;
+    __m512 acc[NV];
+    for (int j = 0; j < NV; ++j) acc[j] = _mm512_setzero_ps();
+    int b0 = 0;
+    for (; b0 + 8 <= nb; b0 += 8) q4_0_group<NV>(w + b0 * Q4_0::bytes, 8, xs, K, 32 * b0, acc, pf, prefetch);
+    if (b0 < nb) q4_0_group<NV>(w + b0 * Q4_0::bytes, nb - b0, xs, K, 32 * b0, acc, pf, prefetch);
+    for (int j = 0; j < NV; ++j) out[j * os + r] = _mm512_reduce_add_ps(acc[j]);
+  }
+}
 
 template <class T, int NV>
 void rows32(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
@@ -536,20 +600,22 @@ void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, flo
 
 }  // namespace
 
-void quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, void* base) {
+void quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int lane_off, void* base) {
   auto* b = static_cast<uint8_t*>(base);
   uint8_t* q = b;
   auto* dl = reinterpret_cast<float*>(b + K);
   auto* xsum = reinterpret_cast<float*>(b + 2 * static_cast<size_t>(K));
+  auto* bs = reinterpret_cast<float*>(b + 2 * static_cast<size_t>(K) + K / 8);
   const __m256i flip = _mm256_set1_epi8(unsigned_x ? static_cast<char>(0x80) : 0);
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   for (int g = k0; g < k1; g += G) {
+    const int ge = std::min(g + G, k1);  // a shorter last group (whole 32-blocks)
     __m512 mx = _mm512_setzero_ps();
-    for (int k = g; k < g + G; k += 16) mx = _mm512_max_ps(mx, _mm512_and_ps(_mm512_loadu_ps(x + k), absmask));
+    for (int k = g; k < ge; k += 16) mx = _mm512_max_ps(mx, _mm512_and_ps(_mm512_loadu_ps(x + k), absmask));
     const float amax = _mm512_reduce_max_ps(mx);
     const float dx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
     const __m512 vinv = _mm512_set1_ps(inv);
-    for (int k = g; k < g + G; k += 32) {
+    for (int k = g; k < ge; k += 32) {
       const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
       xsum[k / 32] = _mm512_reduce_add_ps(_mm512_add_ps(x0, x1));
       // round half to even (MXCSR default), |x * inv| <= 127 up to rounding: clamp, then narrow
@@ -561,6 +627,13 @@ void quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, voi
       const __m256i qb = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtepi32_epi8(q0)),
                                                  _mm512_cvtepi32_epi8(q1), 1);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k), _mm256_xor_si256(qb, flip));
+      if (lane_off != 0) {
+        alignas(32) int32_t l4[8];  // sums of 4 codes
+        _mm256_store_si256(reinterpret_cast<__m256i*>(l4),
+                           _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), qb));
+        const int32_t s0 = l4[0] + l4[1] + l4[2] + l4[3], s1 = l4[4] + l4[5] + l4[6] + l4[7];
+        bs[k / 32] = static_cast<float>(-lane_off * (s0 + s1));
+      }
       _mm256_storeu_ps(dl + k / 4, _mm256_set1_ps(dx));
     }
   }
@@ -570,6 +643,9 @@ namespace {
 template <class T>
 void q8_32(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) {
   dispatch_n(n, [&](auto nv) { rows32<T, decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
+}
+void q8_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) {
+  dispatch_n(n, [&](auto nv) { rows_q4_0<decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
 }
 template <class T>
 void q8_256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) {
@@ -591,6 +667,7 @@ void q8_256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int 
   {rows_f16_scalar, avx2::rows_f16, avx512::rows_f16, avx512::rows_f16},                           \
       {multi_scalar<rows_f16_scalar>, avx2::multi_f16, avx512::multi_f16, avx512::multi_f16}
 #define FT_GGML_Q8(R, T) vnni::R<vnni::T>
+#define FT_GGML_Q8_Q4_0 vnni::q8_q4_0
 #else
 #define FT_GGML_TIERS(scalar_fn, T) \
   {scalar_fn, scalar_fn, scalar_fn, scalar_fn}, \
@@ -600,6 +677,7 @@ void q8_256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int 
       {multi_scalar<rows_f16_scalar>, multi_scalar<rows_f16_scalar>, multi_scalar<rows_f16_scalar>, \
        multi_scalar<rows_f16_scalar>}
 #define FT_GGML_Q8(R, T) nullptr
+#define FT_GGML_Q8_Q4_0 nullptr
 #endif  // FT_X86
 
 namespace {
@@ -609,18 +687,19 @@ namespace {
 // weights are dequantized to fp32 in registers either way, and a bf16 dot product would only add a
 // conversion).
 const TypeInfo kTypes[] = {
-    {8, "Q8_0", 32, 34, FT_GGML_TIERS((rows_scalar<32, 34, deq_q8_0>), Q8_0), FT_GGML_Q8(q8_32, Q8_0), true, 32},
-    {2, "Q4_0", 32, 18, FT_GGML_TIERS((rows_scalar<32, 18, deq_q4_0>), Q4_0), FT_GGML_Q8(q8_32, Q4_0), true, 32},
+    {8, "Q8_0", 32, 34, FT_GGML_TIERS((rows_scalar<32, 34, deq_q8_0>), Q8_0), FT_GGML_Q8(q8_32, Q8_0), true, 32, 0},
+    {2, "Q4_0", 32, 18, FT_GGML_TIERS((rows_scalar<32, 18, deq_q4_0>), Q4_0), FT_GGML_Q8_Q4_0, false, 256, 8},
     {30, "BF16", 1, 2, {rows_bf16<Isa::scalar>, rows_bf16<Isa::avx2>, rows_bf16<Isa::avx512>, rows_bf16<Isa::avx512>},
      {multi_bf16<Isa::scalar>, multi_bf16<Isa::avx2>, multi_bf16<Isa::avx512>, multi_bf16<Isa::avx512>}, nullptr, false,
-     32},
-    {1, "F16", 1, 2, FT_GGML_F16_TIERS, nullptr, false, 32},
-    {39, "MXFP4", 32, 17, FT_GGML_TIERS((rows_scalar<32, 17, deq_mxfp4>), MXFP4), nullptr, false, 32},
+     32, 0},
+    {1, "F16", 1, 2, FT_GGML_F16_TIERS, nullptr, false, 32, 0},
+    {39, "MXFP4", 32, 17, FT_GGML_TIERS((rows_scalar<32, 17, deq_mxfp4>), MXFP4), nullptr, false, 32, 0},
     {12, "Q4_K", 256, 144, FT_GGML_TIERS((rows_scalar<256, 144, deq_q4_k>), Q4_K), FT_GGML_Q8(q8_256, QK45<false>),
-     false, 256},
-    {14, "Q6_K", 256, 210, FT_GGML_TIERS((rows_scalar<256, 210, deq_q6_k>), Q6_K), FT_GGML_Q8(q8_256, Q6K), true, 256},
+     false, 256, 0},
+    {14, "Q6_K", 256, 210, FT_GGML_TIERS((rows_scalar<256, 210, deq_q6_k>), Q6_K), FT_GGML_Q8(q8_256, Q6K), true,
+     256, 0},
     {13, "Q5_K", 256, 176, FT_GGML_TIERS((rows_scalar<256, 176, deq_q5_k>), Q5_K), FT_GGML_Q8(q8_256, QK45<true>),
-     false, 256},
+     false, 256, 0},
 };
 
 }  // namespace
@@ -659,11 +738,11 @@ size_t row_bytes(const std::string& context, const TypeInfo& t, long long K, con
 }
 
 #if FT_X86
-void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, void* base) {
-  vnni::quantize(x, k0, k1, K, G, unsigned_x, base);
+void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int lane_off, void* base) {
+  vnni::quantize(x, k0, k1, K, G, unsigned_x, lane_off, base);
 }
 #else
-void q8_quantize(const float*, int, int, int, int, bool, void*) { throw Error("q8_quantize needs AVX-512"); }
+void q8_quantize(const float*, int, int, int, int, bool, int, void*) { throw Error("q8_quantize needs AVX-512"); }
 #endif
 
 GgmlMoeFormat::GgmlMoeFormat(const MoeParams& p, const Matrix& gate, const Matrix& up, const Matrix& down)
@@ -680,12 +759,13 @@ void GgmlMoeFormat::prep_input(const TaskInput& in) {
   if (xq_.size() < in.num_tokens * nb) xq_.resize(in.num_tokens * nb);
   for (int t = 0; t < in.num_tokens; ++t) {
     q8_quantize(in.x_f32 + static_cast<size_t>(t) * H, 0, H, H, gate_.type->q8_group, gate_.type->q8_xu,
-                xq_.data() + t * nb);
+                gate_.type->q8_off,                 xq_.data() + t * nb);
   }
 }
 
 void GgmlMoeFormat::prep_inter(const float* h, int i0, int i1, void* prepped) const {
-  if (down_q8_) q8_quantize(h, i0, i1, p_.intermediate, down_.type->q8_group, down_.type->q8_xu, prepped);
+  if (down_q8_) q8_quantize(h, i0, i1, p_.intermediate, down_.type->q8_group, down_.type->q8_xu, down_.type->q8_off,
+                              prepped);
 }
 
 void GgmlMoeFormat::mat_rows(const Matrix& m, bool q8, int e, int r0, int r1, const float* const* xs,

@@ -39,8 +39,10 @@ using RowsFn = void (*)(const uint8_t* W, size_t ld, int nrows, const float* x, 
 using MultiFn = void (*)(const uint8_t* W, size_t ld, int nrows, const float* const* xs, int n, int K, float* out,
                          int os, int prefetch);
 
-// A vector of K elements quantized to int8 per group of G elements (G = 32 for Q4_0/Q8_0 as ggml's
-// Q8_0 activations, 256 for the K-quants as its Q8_K) for the int8 (VNNI) kernels:
+// A vector of K elements quantized to int8 per group of G elements (G = 32 for Q8_0 as ggml's Q8_0
+// activations, 256 for the K-quants as its Q8_K and for Q4_0: one dx per 256, the per-block fp16
+// scale multiplies the int32 sums of a block; groups start at the first element quantized, the last
+// one may be shorter, whole 32-blocks) for the int8 (VNNI) kernels:
 //   code[k]  = round-half-even(x[k] * (127 / amax_g)) in fp32, amax_g = max |x| over the group of k
 //              (0 for a zero group), clamped to [-127, 127]; the value is code[k] * dx_g,
 //              dx_g = amax_g / 127
@@ -49,16 +51,20 @@ using MultiFn = void (*)(const uint8_t* W, size_t ld, int nrows, const float* co
 //              then signed and the +128 is taken out once per weight block, for all vectors)
 //   dl[l]    = dx of the group of lane l (elements 4l..4l+3)
 //   xsum[b]  = sum of the unquantized x over elements 32b..32b+31 (fp32; the min terms of Q4_K/Q5_K)
+//   bs[b]    = -off * (sum of the codes of block b, elements 32b..32b+31) as fp32 (exact), off =
+//              TypeInfo::q8_off, the constant offset of the weights' unsigned codes (8 for Q4_0; not
+//              written when it is 0): VPDPBUSD(unsigned codes, signed x) sums codes * x, the offset
+//              is taken out once per block
 // Bytes of a Q8 vector of K elements: q [K] bytes, dl [K/4] fp32 at byte K, xsum [K/32] fp32 at byte
-// 2K. Kernels address all three from the vector's base (one pointer per vector: dl of element k is at
-// byte K + k, xsum of its 32-block at byte 2K + k/8).
-inline size_t q8_bytes(int K) { return 2 * static_cast<size_t>(K) + static_cast<size_t>(K) / 8; }
+// 2K, bs [K/32] fp32 at byte 2K + K/8. Kernels address all from the vector's base (one pointer per
+// vector: dl of element k is at byte K + k, xsum of its 32-block at byte 2K + k/8, bs at 2K + K/8 + k/8).
+inline size_t q8_bytes(int K) { return 2 * static_cast<size_t>(K) + static_cast<size_t>(K) / 4; }
 struct Q8Ref {
   const uint8_t* q;  // the vector's base
 };
 // Quantizes elements [k0, k1) (multiples of G) of x into the Q8 vector of K elements at `base`
 // (AVX-512; only the avx512_bf16 tier has q8 kernels).
-void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, void* base);
+void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int lane_off, void* base);
 // Int8 kernels: out[j * os + r] = row r . dequant(xs[j]) for n <= 8 vectors.
 using Q8Fn = void (*)(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os,
                       int prefetch);
@@ -73,6 +79,7 @@ struct TypeInfo {
   Q8Fn q8;                 // int8-activation kernels of the avx512_bf16 tier (AVX512-VNNI), or nullptr
   bool q8_xu;              // q8 takes x as unsigned (code + 128)
   int q8_group;            // elements per x scale that q8 expects (32 or 256)
+  int q8_off;              // the code offset of bs in q8's x (0: none)
 };
 
 // The supported type of ggml id `id`, or nullptr.
