@@ -129,21 +129,26 @@ PYBIND11_MODULE(_ft_gpusync, m) {
         return d;
       },
       py::arg("backend"));
-  m.def(
-      "probe_memop_graph",
-      [](const std::string& backend, int device) {
-        ftg::Runtime rt(parse_backend(backend));
-        ftg::ProbeResult r;
-        {
-          py::gil_scoped_release nogil;
-          r = ftg::probe_memop_graph(rt, device);
-        }
-        py::dict d;
-        d["supported"] = r.supported;
-        d["detail"] = r.detail;
-        return d;
-      },
-      py::arg("backend"), py::arg("device") = 0);
+  // A probe by backend name: {"supported": bool, "detail": str}; PendingGpuError if an error was pending.
+  auto bind_probe = [&m](const char* name, ftg::ProbeResult (*probe)(ftg::Runtime&, int)) {
+    m.def(
+        name,
+        [probe](const std::string& backend, int device) {
+          ftg::Runtime rt(parse_backend(backend));
+          ftg::ProbeResult r;
+          {
+            py::gil_scoped_release nogil;
+            r = probe(rt, device);
+          }
+          py::dict d;
+          d["supported"] = r.supported;
+          d["detail"] = r.detail;
+          return d;
+        },
+        py::arg("backend"), py::arg("device") = 0);
+  };
+  bind_probe("probe_memop_graph", &ftg::probe_memop_graph);
+  bind_probe("probe_memop_node_graph", &ftg::probe_memop_node_graph);
   py::class_<ftg::Runtime>(m, "_Runtime")
       .def(py::init([](const std::string& backend) { return new ftg::Runtime(parse_backend(backend)); }))
       .def_property_readonly("available", &ftg::Runtime::available)
@@ -230,21 +235,6 @@ PYBIND11_MODULE(_ft_gpusync, m) {
         b.wait(reinterpret_cast<void*>(stream), reinterpret_cast<void*>(out), accumulate);
       });
 
-  m.def(
-      "probe_memop_node_graph",
-      [](const std::string& backend, int device) {
-        ftg::Runtime rt(parse_backend(backend));
-        ftg::ProbeResult r;
-        {
-          py::gil_scoped_release nogil;
-          r = ftg::probe_memop_node_graph(rt, device);
-        }
-        py::dict d;
-        d["supported"] = r.supported;
-        d["detail"] = r.detail;
-        return d;
-      },
-      py::arg("backend"), py::arg("device") = 0);
   m.def(
       "check_host_func_allowed",
       [](const std::string& backend, uintptr_t stream) {
