@@ -72,56 +72,41 @@ struct MoeJob final : PoolJob {
   }
 
   RouteRef route_ref(int route) const {
-    return RouteRef{ids[route], on_input ? 1.f : weights[route], inter + route * inter_stride,
+    return RouteRef{ids[route], inter + route * inter_stride,
                     prep ? prep + route * prep_stride : nullptr};
   }
 
   void pass2(int b, float* s) {
     const MoeFormat& fmt = *layer->fmt;
     const int h0 = b * rows2, h1 = std::min(H, h0 + rows2), rows = h1 - h0;
-    if (fmt.has_down_rows()) {
-      // Each expert's rows once for all of its routes, then each token's routes summed in order.
-      constexpr int kChunk = MoeFormat::kMaxTokensPerCall;
-      float* vals = s + kMaxBlockRows;  // [T * k][rows2], by route
-      RouteRef refs[kChunk];
-      for (size_t g = 0; g + 1 < group_begin.size(); ++g) {
-        for (int m0 = group_begin[g]; m0 < group_begin[g + 1]; m0 += kChunk) {
-          const int cnt = std::min(kChunk, group_begin[g + 1] - m0);
-          for (int j = 0; j < cnt; ++j) refs[j] = route_ref(members[m0 + j]);
-          // Routes of a chunk are not contiguous in `vals`: compute into s, then scatter.
-          float* tmp = vals + static_cast<size_t>(T) * k * rows2;
-          fmt.down_rows(group_expert[g], h0, h1, refs, cnt, tmp, rows2);
-          for (int j = 0; j < cnt; ++j) {
-            std::copy(tmp + j * rows2, tmp + j * rows2 + rows, vals + static_cast<size_t>(members[m0 + j]) * rows2);
-          }
+    // Each expert's rows once for all of its routes, then each token's routes summed in order.
+    constexpr int kChunk = MoeFormat::kMaxTokensPerCall;
+    float* vals = s + kMaxBlockRows;  // [T * k][rows2], by route
+    RouteRef refs[kChunk];
+    for (size_t g = 0; g + 1 < group_begin.size(); ++g) {
+      for (int m0 = group_begin[g]; m0 < group_begin[g + 1]; m0 += kChunk) {
+        const int cnt = std::min(kChunk, group_begin[g + 1] - m0);
+        for (int j = 0; j < cnt; ++j) refs[j] = route_ref(members[m0 + j]);
+        // Routes of a chunk are not contiguous in `vals`: compute into s, then scatter.
+        float* tmp = vals + static_cast<size_t>(T) * k * rows2;
+        fmt.down_rows(group_expert[g], h0, h1, refs, cnt, tmp, rows2);
+        for (int j = 0; j < cnt; ++j) {
+          std::copy(tmp + j * rows2, tmp + j * rows2 + rows, vals + static_cast<size_t>(members[m0 + j]) * rows2);
         }
       }
-      for (int t = 0; t < T; ++t) {
-        bool any = false;
-        std::fill(s, s + rows, 0.f);
-        for (int r = 0; r < k; ++r) {
-          const int route = t * k + r;
-          if (ids[route] < 0) continue;
-          any = true;
-          const float w = on_input ? 1.f : weights[route];
-          const float* v = vals + static_cast<size_t>(route) * rows2;
-          for (int j = 0; j < rows; ++j) s[j] += w * v[j];
-        }
-        if (!any) continue;
-        uint16_t* yt = y + static_cast<size_t>(t) * H;
-        for (int j = h0; j < h1; ++j) yt[j] = f32_to_bf16(s[j - h0]);
-      }
-      return;
     }
-    RouteRef refs[kMaxTopK];
     for (int t = 0; t < T; ++t) {
-      int n = 0;
+      bool any = false;
+      std::fill(s, s + rows, 0.f);
       for (int r = 0; r < k; ++r) {
         const int route = t * k + r;
-        if (ids[route] >= 0) refs[n++] = route_ref(route);
+        if (ids[route] < 0) continue;
+        any = true;
+        const float w = on_input ? 1.f : weights[route];
+        const float* v = vals + static_cast<size_t>(route) * rows2;
+        for (int j = 0; j < rows; ++j) s[j] += w * v[j];
       }
-      if (n == 0) continue;  // zeroed before the pool started
-      fmt.down(h0, h1, refs, n, s);
+      if (!any) continue;
       uint16_t* yt = y + static_cast<size_t>(t) * H;
       for (int j = h0; j < h1; ++j) yt[j] = f32_to_bf16(s[j - h0]);
     }

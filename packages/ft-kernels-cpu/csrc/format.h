@@ -72,10 +72,9 @@ struct TaskInput {
   const float* x_f32 = nullptr;      // [T, hidden] widened
 };
 
-// One routed expert of a token, as pass 2 sees it.
+// One routed expert of a token, as pass 2 sees it (the executor applies the router weight).
 struct RouteRef {
   int expert;
-  float weight;          // router weight; 1 when it was applied on the input
   const float* h;        // [intermediate] activated intermediate, fp32
   const void* h_prepped; // the format's prep_inter output for this route, or nullptr
 };
@@ -113,18 +112,11 @@ class MoeFormat {
   // Pass 1, after the activation: prepare rows [i0, i1) of one route's intermediate for pass 2.
   virtual void prep_inter(const float* /*h*/, int /*i0*/, int /*i1*/, void* /*prepped*/) const {}
 
-  // Pass 2, for output rows [h0, h1) of one token over all of its routes, in the given order:
-  //   out[j - h0] = sum_r routes[r].weight * (W_down[e_r, j] . h_r + down_bias[e_r, j])
-  virtual void down(int h0, int h1, const RouteRef* routes, int n, float* out) const = 0;
-
-  // Optional pass 2 for n <= kMaxTokensPerCall routes of one expert `e` (routes[j].expert == e), each
-  // weight row read once for all of them, without the router weight:
+  // Pass 2, for output rows [h0, h1), n <= kMaxTokensPerCall routes of one expert `e`
+  // (routes[j].expert == e), each weight row read once for all of them, without the router weight:
   //   out[j * stride + r - h0] = W_down[e, r] . h_j + down_bias[e, r]
-  // The executor then sums each token's routes in route order (out[t] += weight * value), the same
-  // arithmetic as down(). Formats that implement it return true from has_down_rows().
-  virtual bool has_down_rows() const { return false; }
-  virtual void down_rows(int /*e*/, int /*h0*/, int /*h1*/, const RouteRef* /*routes*/, int /*n*/, float* /*out*/,
-                         int /*stride*/) const {}
+  // The executor then sums each token's routes in route order (y[t] += weight * value).
+  virtual void down_rows(int e, int h0, int h1, const RouteRef* routes, int n, float* out, int stride) const = 0;
 };
 
 using FormatFactory = std::unique_ptr<MoeFormat> (*)(const MoeParams&, FormatArgs&);

@@ -231,8 +231,6 @@ class Bf16Format final : public MoeFormat {
     }
   }
 
-  bool has_down_rows() const override { return true; }
-
   void down_rows(int e, int h0, int h1, const RouteRef* routes, int n, float* out, int stride) const override {
     const size_t H = p_.hidden, I = p_.intermediate;
     const int rows = h1 - h0;
@@ -265,24 +263,6 @@ class Bf16Format final : public MoeFormat {
   void prep_inter(const float* h, int i0, int i1, void* prepped) const override {
     uint16_t* hb = static_cast<uint16_t*>(prepped);
     for (int i = i0; i < i1; ++i) hb[i] = f32_to_bf16(h[i]);
-  }
-
-  void down(int h0, int h1, const RouteRef* routes, int n, float* out) const override {
-    const size_t H = p_.hidden, I = p_.intermediate;
-    const int rows = h1 - h0;
-    float tmp[kMaxPass2Rows];
-    std::fill(out, out + rows, 0.f);
-    for (int r = 0; r < n; ++r) {
-      const RouteRef& rt = routes[r];
-      const uint16_t* w = w2_ + static_cast<size_t>(rt.expert) * H * I + static_cast<size_t>(h0) * I;
-      if (use_bf16_dot()) {
-        bf16_dot_rows_bf16(w, I, rows, static_cast<const uint16_t*>(rt.h_prepped), I, tmp, p_.prefetch);
-      } else {
-        bf16_dot_rows_f32(p_.isa, w, I, rows, rt.h, I, tmp, p_.prefetch);
-      }
-      const float* b = b2_ ? b2_ + static_cast<size_t>(rt.expert) * H + h0 : nullptr;
-      for (int j = 0; j < rows; ++j) out[j] += rt.weight * (tmp[j] + (b ? b[j] : 0.f));
-    }
   }
 
   int pass2_rows() const override { return kMaxPass2Rows; }

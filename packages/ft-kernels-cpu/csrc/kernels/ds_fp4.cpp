@@ -101,8 +101,6 @@ class DsFp4Format final : public MoeFormat {
     fp4::prep_vec(p_.isa, hq, i0, i1, prepped);
   }
 
-  bool has_down_rows() const override { return true; }
-
   void down_rows(int e, int h0, int h1, const RouteRef* routes, int n, float* out, int stride) const override {
     const size_t H = p_.hidden, I = p_.intermediate;
     const size_t row0 = static_cast<size_t>(e) * H + h0;
@@ -110,20 +108,6 @@ class DsFp4Format final : public MoeFormat {
     for (int j = 0; j < n; ++j) hs[j] = routes[j].h_prepped;
     fp4::dot_rows_multi(p_.isa, w2_ + row0 * (I / 2), s2_ + row0 * (I / 32), h1 - h0, hs, n, p_.intermediate, out,
                         stride, pf_);
-  }
-
-  void down(int h0, int h1, const RouteRef* routes, int n, float* out) const override {
-    const size_t H = p_.hidden, I = p_.intermediate;
-    const int rows = h1 - h0;
-    float tmp[kPass2Rows];
-    std::fill(out, out + rows, 0.f);
-    for (int r = 0; r < n; ++r) {
-      const RouteRef& rt = routes[r];
-      const size_t row0 = static_cast<size_t>(rt.expert) * H + h0;
-      fp4::dot_rows(p_.isa, w2_ + row0 * (I / 2), s2_ + row0 * (I / 32), rows, rt.h_prepped, p_.intermediate, tmp,
-                    pf_);
-      for (int j = 0; j < rows; ++j) out[j] += rt.weight * tmp[j];
-    }
   }
 
  private:

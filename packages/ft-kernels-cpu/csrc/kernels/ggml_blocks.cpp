@@ -826,15 +826,5 @@ void GgmlMoeFormat::down_rows(int e, int h0, int h1, const RouteRef* routes, int
   }
 }
 
-void GgmlMoeFormat::down(int h0, int h1, const RouteRef* routes, int n, float* out) const {
-  const int rows = h1 - h0;
-  float tmp[kPass2Rows];
-  std::fill(out, out + rows, 0.f);
-  for (int r = 0; r < n; ++r) {
-    down_rows(routes[r].expert, h0, h1, routes + r, 1, tmp, 0);
-    for (int j = 0; j < rows; ++j) out[j] += routes[r].weight * tmp[j];
-  }
-}
-
 }  // namespace ggml
 }  // namespace ft

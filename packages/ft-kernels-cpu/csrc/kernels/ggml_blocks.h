@@ -113,8 +113,6 @@ class GgmlMoeFormat final : public MoeFormat {
                float* up) const override;
   void gate_up_tokens(const TaskInput& in, int e, const int* tokens, const float* in_scales, int n, int i0, int i1,
                       float* gate, float* up, int stride) const override;
-  void down(int h0, int h1, const RouteRef* routes, int n, float* out) const override;
-  bool has_down_rows() const override { return true; }
   void down_rows(int e, int h0, int h1, const RouteRef* routes, int n, float* out, int stride) const override;
   // Whole Q8 groups of h per unit.
   int pass1_rows() const override { return down_q8_ ? std::max(32, down_.type->q8_group) : 16; }

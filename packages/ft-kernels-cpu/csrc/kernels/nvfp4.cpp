@@ -391,18 +391,6 @@ class Nvfp4Format final : public MoeFormat {
     }
   }
 
-  void down(int h0, int h1, const RouteRef* routes, int n, float* out) const override {
-    const int rows = h1 - h0;
-    float tmp[kPass2Rows];
-    std::fill(out, out + rows, 0.f);
-    for (int r = 0; r < n; ++r) {
-      down_rows(routes[r].expert, h0, h1, routes + r, 1, tmp, 0);
-      for (int j = 0; j < rows; ++j) out[j] += routes[r].weight * tmp[j];
-    }
-  }
-
-  bool has_down_rows() const override { return true; }
-
   void down_rows(int e, int h0, int h1, const RouteRef* routes, int n, float* out, int stride) const override {
     const size_t H = p_.hidden, I = p_.intermediate;
     const int rows = h1 - h0;
