@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ft_gpusync._coordinator import CoordinatorError, _capsule_of, _native
+from ft_gpusync._coordinator import _capsule_of, _native, raise_pending
 
 log = logging.getLogger("ft_gpusync")
 
@@ -81,9 +81,4 @@ class Bridge:
 
     def check(self) -> None:
         """Raises CoordinatorError for a CPU task that failed or got stuck since the last check."""
-        err = self._native.take_error()
-        if err:
-            self._errors.append(err)
-            raise CoordinatorError(err)
-        if self._native.poisoned:
-            raise CoordinatorError(f"this bridge stopped serving after a stuck task: {self._errors[0]}")
+        raise_pending(self._native, self._errors)

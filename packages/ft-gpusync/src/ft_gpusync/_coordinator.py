@@ -27,6 +27,17 @@ class CoordinatorError(RuntimeError):
     """A task failed or got stuck on the CPU side; the GPU was released and y of that task is invalid."""
 
 
+def raise_pending(native: Any, errors: list[str]) -> None:
+    """Raises the first error a native coordinator recorded since the last call (kept in `errors`), or a
+    standing error once it stopped serving after a stuck task."""
+    err = native.take_error()
+    if err:
+        errors.append(err)
+        raise CoordinatorError(err)
+    if native.poisoned:
+        raise CoordinatorError(f"this bridge stopped serving after a stuck task: {errors[0]}")
+
+
 def _capsule_of(executor: Any) -> Any:
     if hasattr(executor, "capsule") and callable(executor.capsule):
         return executor.capsule()
@@ -102,12 +113,7 @@ class Coordinator:
 
     def check(self) -> None:
         """Raises CoordinatorError if a task failed or got stuck since the last check (or ever got stuck)."""
-        err = self._native.take_error()
-        if err:
-            self._errors.append(err)
-            raise CoordinatorError(err)
-        if self._native.poisoned:
-            raise CoordinatorError(f"this bridge stopped serving after a stuck task: {self._errors[0]}")
+        raise_pending(self._native, self._errors)
 
     def close(self) -> None:
         """Stops the threads (waiting for a task inside the executor to return)."""
