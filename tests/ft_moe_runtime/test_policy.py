@@ -17,6 +17,17 @@ def test_min_wait_balances_pcie_and_cpu_time() -> None:
     assert fetch_count(p, 1, 1) == 0
 
 
+def test_min_wait_tie_takes_the_smaller() -> None:
+    # 35 misses at f = 0.3 (10.5): 10 -> |10/30 - 25/70| = 1/42, 11 -> |11/30 - 24/70| = 1/42, an exact
+    # tie that float64 division breaks the wrong way (the large-pool lockstep test found it).
+    p = FetchPolicy(fraction=0.3, pcie_gbs=30.0, cpu_gbs=70.0)
+    assert fetch_count(p, 35, 1) == 10 and fetch_count(p, 65, 1) == 19
+    # f is taken in parts per million: 0.3 of 10 is exactly 3, so prefer-fetch takes 3, not the 4 that
+    # float arithmetic (0.3 * 10 = 3.0000000000000004) would give.
+    assert fetch_count(FetchPolicy(fraction=0.3, rounding="prefer-fetch"), 10, 1) == 3
+    assert FetchPolicy(fraction=0.1234567).fraction_ppm == 123457
+
+
 def test_prefer_fetch_and_cap() -> None:
     assert fetch_count(FetchPolicy(fraction=0.1, rounding="prefer-fetch"), 1, 1) == 1
     assert fetch_count(FetchPolicy(fraction=0.0, rounding="prefer-fetch"), 5, 1) == 0

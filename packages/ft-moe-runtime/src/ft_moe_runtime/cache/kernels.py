@@ -16,26 +16,29 @@ import triton.language as tl
 
 ROUND_CAP, ROUND_MIN_WAIT, ROUND_STOCHASTIC, ROUND_PREFER_FETCH, ROUND_ALL = 0, 1, 2, 3, 4
 INT64_MAX = 2**63 - 1
+PPM: tl.constexpr = tl.constexpr(1_000_000)
 
 
 @triton.jit
-def _hash_uniform(seed, step):
-    # The same 32-bit mix as policy.hash_uniform, on uint32 lanes (multiplications wrap).
+def _hash_bits(seed, step):
+    # The same 32-bit mix as policy.hash_uniform, on uint32 lanes (multiplications wrap); the top 24
+    # bits, which hash_uniform divides by 2^24.
     x = (seed.to(tl.uint32) * 0x9E3779B1 + step.to(tl.uint32)).to(tl.uint32)
     x = x ^ (x >> 16)
     x = (x * 0x7FEB352D).to(tl.uint32)
     x = x ^ (x >> 15)
     x = (x * 0x846CA68B).to(tl.uint32)
     x = x ^ (x >> 16)
-    return (x >> 8).to(tl.float32) / 16777216.0
+    return x >> 8
 
 
-@triton.jit
+# Runtime scalars that may be 0 or 1 are not specialized: one compiled kernel serves every layer/policy.
+@triton.jit(do_not_specialize=["n_routes", "layer", "cap", "frac_ppm", "seed"])
 def ensure_kernel(
     ids_ptr, n_routes, slot_of_ptr, owner_ptr, usage_ptr, seen_ptr, step_ptr,
     plan_slot_ptr, plan_src_ptr, plan_count_ptr, counters_ptr,
     layer, num_experts, slot_lo, slot_hi,
-    cap, frac, inv_pcie, inv_cpu, seed,
+    cap, frac_ppm, pcie_gbs, cpu_gbs, seed,
     ROUNDING: tl.constexpr, ORDER_RECENT: tl.constexpr, CLAMP: tl.constexpr,
     BLOCK_R: tl.constexpr, TILE: tl.constexpr,
 ):  # fmt: skip
@@ -68,16 +71,25 @@ def ensure_kernel(
     elif ROUNDING == ROUND_CAP:
         n_fetch = tl.minimum(cap, n_miss)
     else:
-        exact = frac * n_miss.to(tl.float32)
-        lo = tl.floor(exact).to(tl.int32)
+        # fM = frac_ppm * M / 10^6 in integers; the min-wait products in float64 of float32 inputs are
+        # exact (24-bit x 31-bit operands). So a tie is a tie, as in the reference.
+        num = frac_ppm.to(tl.int64) * n_miss.to(tl.int64)
+        lo = (num // PPM).to(tl.int32)
+        rem = num - lo.to(tl.int64) * PPM
         if ROUNDING == ROUND_PREFER_FETCH:
-            n_fetch = tl.ceil(exact).to(tl.int32)
+            n_fetch = lo + (rem > 0).to(tl.int32)
         elif ROUNDING == ROUND_STOCHASTIC:
-            u = _hash_uniform(seed, stamp)
-            n_fetch = lo + (u < exact - lo.to(tl.float32)).to(tl.int32)
+            # u = bits / 2^24 < rem / 10^6  <=>  bits * 10^6 < rem * 2^24
+            bits = _hash_bits(seed, stamp).to(tl.int64)
+            n_fetch = lo + (bits * PPM < rem * 16777216).to(tl.int32)
         else:
-            w_lo = tl.abs(lo.to(tl.float32) * inv_pcie - (n_miss - lo).to(tl.float32) * inv_cpu)
-            w_hi = tl.abs((lo + 1).to(tl.float32) * inv_pcie - (n_miss - lo - 1).to(tl.float32) * inv_cpu)
+            # |f / pcie - (M - f) / cpu| scaled by pcie * cpu
+            m64 = n_miss.to(tl.float64)
+            p64 = tl.cast(pcie_gbs, tl.float64)
+            c64 = tl.cast(cpu_gbs, tl.float64)
+            f_lo = lo.to(tl.float64)
+            w_lo = tl.abs(f_lo * c64 - (m64 - f_lo) * p64)
+            w_hi = tl.abs((f_lo + 1.0) * c64 - (m64 - f_lo - 1.0) * p64)
             n_fetch = tl.where(w_hi < w_lo, lo + 1, lo)
         n_fetch = tl.maximum(0, tl.minimum(n_fetch, n_miss))
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import os
+import struct
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Literal
 
 Rounding = Literal["min-wait", "stochastic", "prefer-fetch"]
@@ -33,6 +35,9 @@ class FetchPolicy:
     stochastic: floor(fM) plus one with probability frac(fM), from a counter-based hash of
         (`seed`, step): reproducible, graph-safe;
     prefer-fetch: ceil(fM).
+    f is taken in parts per million (`fraction_ppm`; 0.3 of 10 misses is exactly 3), `pcie_gbs` and
+    `cpu_gbs` at float32 precision (what the kernel receives); the rule is then evaluated exactly, so a
+    tie is a tie on the device and in the reference alike.
     `order`: which misses go first: "recent" (most recently routed, ties by lowest id) or "lowest-id".
     """
 
@@ -57,10 +62,17 @@ class FetchPolicy:
             raise ValueError(f"rounding={self.rounding!r} is unknown; expected one of {', '.join(ROUNDINGS)}")
         if self.order not in ORDERS:
             raise ValueError(f"order={self.order!r} is unknown; expected one of {', '.join(ORDERS)}")
-        if not (self.pcie_gbs > 0 and self.cpu_gbs > 0):
-            raise ValueError("pcie_gbs and cpu_gbs must be > 0")
+        for name in ("pcie_gbs", "cpu_gbs"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and 0 < v < 1e30):
+                raise ValueError(f"{name} must be a finite number > 0 (GB/s), got {v!r}")
         if not 0 <= self.seed <= _MASK32:
             raise ValueError("seed must fit in 32 bits")
+
+    @property
+    def fraction_ppm(self) -> int:
+        """The fraction in parts per million, as the rule and the kernel use it."""
+        return round((self.fraction or 0.0) * PPM)
 
 
 def hash_uniform(seed: int, step: int) -> float:
@@ -74,20 +86,29 @@ def hash_uniform(seed: int, step: int) -> float:
     return (x >> 8) / float(1 << 24)
 
 
+PPM = 1_000_000
+
+
+def f32(x: float) -> float:
+    """x rounded to float32 (the precision the kernel takes a bandwidth at)."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
 def fetch_count(policy: FetchPolicy, misses: int, step: int) -> int:
-    """Reference rule: how many of `misses` to fetch at `step`."""
+    """Reference rule: how many of `misses` to fetch at `step` (exact arithmetic, see FetchPolicy)."""
     if policy.cap is not None:
         return min(policy.cap, misses)
-    exact = policy.fraction * misses
+    exact = Fraction(policy.fraction_ppm * misses, PPM)
     lo = math.floor(exact)
     if policy.rounding == "prefer-fetch":
         n = math.ceil(exact)
     elif policy.rounding == "stochastic":
-        n = lo + (1 if hash_uniform(policy.seed, step) < exact - lo else 0)
+        n = lo + (1 if Fraction(hash_uniform(policy.seed, step)) < exact - lo else 0)
     else:
+        pcie, cpu = Fraction(f32(policy.pcie_gbs)), Fraction(f32(policy.cpu_gbs))
 
-        def wait(f: int) -> float:
-            return abs(f / policy.pcie_gbs - (misses - f) / policy.cpu_gbs)
+        def wait(f: int) -> Fraction:  # |f / pcie - (M - f) / cpu|, scaled by pcie * cpu > 0
+            return abs(f * cpu - (misses - f) * pcie)
 
         n = lo + 1 if wait(lo + 1) < wait(lo) else lo
     return max(0, min(n, misses))

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ft_moe_runtime.cache.policy import FetchPolicy, fetch_count
 
 
@@ -27,7 +29,7 @@ class LruReference:
     per_layer: bool = False
     slot_of: list[int] = field(init=False)
     owner: list[int] = field(init=False)
-    usage: list[int] = field(init=False)
+    usage: np.ndarray = field(init=False)  # int64; an array so the victim scan of a large pool is fast
     seen: list[int] = field(init=False)
     step: int = 0
     plan: list[tuple[int, int]] = field(default_factory=list)  # (slot, key) of the last call
@@ -39,7 +41,7 @@ class LruReference:
     def reset(self) -> None:
         self.slot_of = [-1] * (self.num_layers * self.num_experts)
         self.owner = [-1] * self.num_slots
-        self.usage = [-1] * self.num_slots
+        self.usage = np.full(self.num_slots, -1, dtype=np.int64)
         self.seen = [-1] * (self.num_layers * self.num_experts)
         self.step = 0
         self.plan = []
@@ -80,7 +82,8 @@ class LruReference:
         self.plan = []
         pool = self.pool(layer)
         for i, k in enumerate(misses[:n]):
-            victim = min(pool, key=lambda s: (self.usage[s], s))
+            # least usage; np.argmin returns the first of equal minima, i.e. the lowest slot
+            victim = pool.start + int(np.argmin(self.usage[pool.start : pool.stop]))
             if self.usage[victim] == stamp:  # every slot serves this step: nothing left to evict
                 if not clamp:
                     self.counters["overflow"] += n - i

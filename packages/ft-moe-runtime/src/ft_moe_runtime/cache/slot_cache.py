@@ -20,7 +20,7 @@ import torch
 import triton
 
 from ft_moe_runtime.cache import kernels as K
-from ft_moe_runtime.cache.policy import FetchPolicy
+from ft_moe_runtime.cache.policy import FetchPolicy, f32
 
 COUNTERS = ("hits", "misses", "fetched", "cpu_routes", "overflow")
 _ROUNDING = {
@@ -123,18 +123,18 @@ class ExpertSlotCache:
         n = ids.numel()
         lo, hi = self.slot_range(layer)
         if fetch is None:
-            rounding, cap, frac = K.ROUND_ALL, 0, 0.0
+            rounding, cap, frac_ppm = K.ROUND_ALL, 0, 0
         elif fetch.cap is not None:
-            rounding, cap, frac = K.ROUND_CAP, fetch.cap, 0.0
+            rounding, cap, frac_ppm = K.ROUND_CAP, fetch.cap, 0
         else:
-            rounding, cap, frac = _ROUNDING[fetch.rounding], 0, fetch.fraction
+            rounding, cap, frac_ppm = _ROUNDING[fetch.rounding], 0, fetch.fraction_ppm
         policy = fetch or FetchPolicy(cap=0)
         tile = min(self.tile, max(16, triton.next_power_of_2(hi - lo)))
         K.ensure_kernel[(1,)](
             ids, n, self.slot_of, self.owner, self.usage, self.seen, self.step,
             self.plan_slot, self.plan_src, self.plan_count, self.counters,
             layer, self.num_experts, lo, hi,
-            cap, frac, 1.0 / policy.pcie_gbs, 1.0 / policy.cpu_gbs, policy.seed,
+            cap, frac_ppm, f32(policy.pcie_gbs), f32(policy.cpu_gbs), policy.seed,
             ROUNDING=rounding, ORDER_RECENT=policy.order == "recent", CLAMP=clamp,
             BLOCK_R=max(16, triton.next_power_of_2(n)), TILE=tile,
         )  # fmt: skip
