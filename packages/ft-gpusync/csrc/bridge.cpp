@@ -38,7 +38,8 @@ int launch_combine(Runtime& rt, const KernelIo& k, void* stream, void* out, uint
   uint64_t od = l.done, oy = l.y;
   uint32_t acc = accumulate ? 1 : 0;
   void* args[] = {&out, &dev_block, &od, &oy, &count, &acc};
-  const unsigned grid = std::max(1u, std::min(64u, (count + 255) / 256));
+  const unsigned items = count % 8 == 0 ? count / 8 : count;  // 8 values per thread on the vector path
+  const unsigned grid = std::max(1u, std::min(64u, (items + 255) / 256));
   return rt.launch(k.combine, grid, 256, stream, args);
 }
 

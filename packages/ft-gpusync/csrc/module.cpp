@@ -205,6 +205,19 @@ PYBIND11_MODULE(_ft_gpusync, m) {
     rt_call(rt, rt.wait_value64_geq(st, w, value), "stream wait value");
   });
   m.def("_host_free", [](ftg::Runtime& rt, uintptr_t h) { rt.host_free(reinterpret_cast<void*>(h)); });
+  m.def("_device_alloc", [rt_call](ftg::Runtime& rt, int device, size_t bytes) {
+    void* d = nullptr;
+    rt_call(rt, rt.init(device), "init");
+    rt_call(rt, rt.device_alloc(&d, bytes), "device alloc");
+    return reinterpret_cast<uintptr_t>(d);
+  });
+  m.def("_device_free", [](ftg::Runtime& rt, uintptr_t d) { rt.device_free(reinterpret_cast<void*>(d)); });
+  // Synchronous upload of a bytes-like object (a numpy array) to device memory.
+  m.def("_copy_h2d", [rt_call](ftg::Runtime& rt, uintptr_t dst, py::buffer src) {
+    const py::buffer_info info = src.request();
+    rt_call(rt, rt.copy_h2d(reinterpret_cast<void*>(dst), info.ptr, static_cast<size_t>(info.size * info.itemsize)),
+            "copy to device");
+  });
   m.def("_graph_exec_destroy", [](ftg::Runtime& rt, uintptr_t e) { rt.exec_destroy(reinterpret_cast<void*>(e)); });
 
   py::class_<ftg::Bridge>(m, "_Bridge")

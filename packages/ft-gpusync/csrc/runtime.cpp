@@ -55,6 +55,9 @@ struct Runtime::Fns {
   int (*cuGraphAddBatchMemOpNode)(void**, void*, const void*, size_t, const void*);
   int (*cuStreamUpdateCaptureDependencies)(void*, void**, const void*, size_t, unsigned);
   int (*cuGraphDestroyNode)(void*);
+  int (*cuMemAlloc)(uint64_t*, size_t);
+  int (*cuMemFree)(uint64_t);
+  int (*cuMemcpyHtoD)(uint64_t, const void*, size_t);
   // HIP runtime
   int (*hipInit)(unsigned);
   int (*hipSetDevice)(int);
@@ -87,6 +90,9 @@ struct Runtime::Fns {
   int (*hipGraphAddBatchMemOpNode)(void**, void*, const void*, size_t, const void*);
   int (*hipStreamUpdateCaptureDependencies)(void*, void**, size_t, unsigned);
   int (*hipGraphDestroyNode)(void*);
+  int (*hipMalloc)(void**, size_t);
+  int (*hipFree)(void*);
+  int (*hipMemcpyHtoD)(void*, const void*, size_t);
 };
 
 // Batch memop parameters: the same layout in both runtimes (CUstreamBatchMemOpParams_v1 /
@@ -158,6 +164,10 @@ Runtime::Runtime(Backend backend) : backend_(backend), f_(new Fns{}) {
     FT_SYM_OPT(cuGraphAddBatchMemOpNode, "cuGraphAddBatchMemOpNode");
     FT_SYM_OPT(cuStreamUpdateCaptureDependencies, "cuStreamUpdateCaptureDependencies_v2");
     FT_SYM_OPT(cuGraphDestroyNode, "cuGraphDestroyNode");
+    // Device buffers for the bench and tests only (the bridge itself never allocates device memory).
+    FT_SYM_OPT(cuMemAlloc, "cuMemAlloc_v2");
+    FT_SYM_OPT(cuMemFree, "cuMemFree_v2");
+    FT_SYM_OPT(cuMemcpyHtoD, "cuMemcpyHtoD_v2");
   } else {
     FT_SYM(hipInit, "hipInit");
     FT_SYM(hipSetDevice, "hipSetDevice");
@@ -190,6 +200,9 @@ Runtime::Runtime(Backend backend) : backend_(backend), f_(new Fns{}) {
     FT_SYM_OPT(hipGraphAddBatchMemOpNode, "hipGraphAddBatchMemOpNode");
     FT_SYM_OPT(hipStreamUpdateCaptureDependencies, "hipStreamUpdateCaptureDependencies");
     FT_SYM_OPT(hipGraphDestroyNode, "hipGraphDestroyNode");
+    FT_SYM_OPT(hipMalloc, "hipMalloc");
+    FT_SYM_OPT(hipFree, "hipFree");
+    FT_SYM_OPT(hipMemcpyHtoD, "hipMemcpyHtoD");
   }
 }
 #undef FT_SYM
@@ -274,6 +287,25 @@ int Runtime::copy_d2h_async(void* host, const void* dev, size_t bytes, void* s) 
 int Runtime::copy_h2d_async(void* dev, const void* host, size_t bytes, void* s) {
   FT_CALL(f_->cuMemcpyHtoDAsync(reinterpret_cast<uintptr_t>(dev), host, bytes, s),
           f_->hipMemcpyHtoDAsync(dev, host, bytes, s));
+}
+int Runtime::device_alloc(void** p, size_t bytes) {
+  if (!available()) return -1;
+  if (backend_ == Backend::hip) return f_->hipMalloc ? f_->hipMalloc(p, bytes) : kMissing;
+  if (!f_->cuMemAlloc) return kMissing;
+  uint64_t d = 0;
+  const int rc = f_->cuMemAlloc(&d, bytes);
+  *p = reinterpret_cast<void*>(static_cast<uintptr_t>(d));
+  return rc;
+}
+int Runtime::device_free(void* p) {
+  if (!available()) return -1;
+  if (backend_ == Backend::hip) return f_->hipFree ? f_->hipFree(p) : kMissing;
+  return f_->cuMemFree ? f_->cuMemFree(reinterpret_cast<uintptr_t>(p)) : kMissing;
+}
+int Runtime::copy_h2d(void* dev, const void* host, size_t bytes) {
+  if (!available()) return -1;
+  if (backend_ == Backend::hip) return f_->hipMemcpyHtoD ? f_->hipMemcpyHtoD(dev, host, bytes) : kMissing;
+  return f_->cuMemcpyHtoD ? f_->cuMemcpyHtoD(reinterpret_cast<uintptr_t>(dev), host, bytes) : kMissing;
 }
 int Runtime::capture_memop_node(void* s, bool write, void* dptr, uint64_t value) {
   if (!available()) return -1;

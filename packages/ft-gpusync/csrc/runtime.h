@@ -45,6 +45,10 @@ class Runtime {
   int launch(void* fn, unsigned grid, unsigned block, void* stream, void** args);
   int copy_d2h_async(void* host, const void* device, size_t bytes, void* stream);
   int copy_h2d_async(void* device, const void* host, size_t bytes, void* stream);
+  // Device memory and a synchronous upload: for the bench and tests (optional entry points).
+  int device_alloc(void** device, size_t bytes);
+  int device_free(void* device);
+  int copy_h2d(void* device, const void* host, size_t bytes);
   // Appends a 64-bit write (or a wait for >= value) to the graph being captured on `stream` as an
   // explicit batch-memop node, for runtimes that do not record stream memops under capture. If making
   // the node the capture's new dependency fails, the node is destroyed and that error returned.

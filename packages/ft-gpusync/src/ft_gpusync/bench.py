@@ -6,7 +6,9 @@ For each handshake the probes allow, a chain of `--layers` submit + wait pairs i
 captured once and replayed (graph), for an empty CPU task (no route on the CPU) and a one-route task
 (one tiny expert). The floor printed next to them is the same chain made of the stream operations
 alone (a write of the done word and a wait on it, no CPU involved), measured in the same run.
-No torch: buffers are pinned host memory mapped for the GPU, streams and graphs come from the runtime.
+No torch: inputs and the output live in device memory allocated through the runtime, as an engine's
+tensors do; streams and graphs come from the runtime too. For the kernel handshake the empty step is
+also split into its parts (publish alone; wait + combine alone).
 """
 
 from __future__ import annotations
@@ -47,6 +49,12 @@ def _time(run, sync, reps: int) -> float:
     return statistics.median(samples)
 
 
+def _row(backend: str, hs: str, mode: str, case: str, layers: int, us: float, floor: float) -> dict:
+    return {"bench": "ft_gpusync", "backend": backend, "handshake": hs, "mode": mode, "case": case,
+            "layers": layers, "us_per_layer": round(us, 2), "floor_us": round(floor, 2),
+            "ratio": round(us / floor, 2)}  # fmt: skip
+
+
 def bench(backend: str, device: int, layers: int, reps: int, log) -> list[dict]:
     rt = _native._Runtime(backend)
     if not rt.available:
@@ -54,15 +62,20 @@ def bench(backend: str, device: int, layers: int, reps: int, log) -> list[dict]:
     ex = _executor(layers)
     stream = _native._stream_create(rt, device)
     sync = lambda: _native._stream_sync(rt, stream)  # noqa: E731
-    # Inputs and outputs in mapped pinned memory: [x | ids | weights | out].
+    # Inputs and the output in device memory, as an engine's tensors are: [x | ids | weights | out].
     x_bytes, r_bytes = HIDDEN * 2, TOP_K * 4
-    host, dev = _native._host_alloc_mapped(rt, device, x_bytes + 2 * r_bytes + x_bytes + 64)
-    buf = np.frombuffer(
-        (np.ctypeslib.ctypes.c_uint8 * (x_bytes * 2 + 2 * r_bytes)).from_address(host), np.uint8
-    )
-    ids = buf[x_bytes : x_bytes + r_bytes].view(np.int32)
-    buf[x_bytes + r_bytes : x_bytes + 2 * r_bytes].view(np.float32)[:] = 1.0
-    d_x, d_ids, d_w, d_out = dev, dev + x_bytes, dev + x_bytes + r_bytes, dev + x_bytes + 2 * r_bytes
+    dev = _native._device_alloc(rt, device, 2 * x_bytes + 2 * r_bytes + 256)
+    d_x, d_ids, d_w = dev, dev + x_bytes, dev + x_bytes + r_bytes
+    d_out = dev + ((x_bytes + 2 * r_bytes + 255) // 256) * 256
+    rng = np.random.default_rng(1)
+    x_host = (rng.standard_normal(HIDDEN).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    _native._copy_h2d(rt, d_x, x_host)
+    _native._copy_h2d(rt, d_w, np.ones(TOP_K, np.float32))
+
+    def set_route(route: int) -> None:
+        ids = np.full(TOP_K, -1, np.int32)
+        ids[0] = route
+        _native._copy_h2d(rt, d_ids, ids)
 
     # The floor: per layer, a stream write of a mapped word and a wait on it, nothing else.
     word_host, word_dev = _native._host_alloc_mapped(rt, device, 64)
@@ -103,8 +116,7 @@ def bench(backend: str, device: int, layers: int, reps: int, log) -> list[dict]:
             chain()
             graph = _native._end_capture_instantiate(rt, stream)
         for case, route in (("empty", -1), ("one-route", 0)):
-            ids[:] = -1
-            ids[0] = route
+            set_route(route)
             chain()
             sync()
             modes = [("eager", chain)]
@@ -112,21 +124,35 @@ def bench(backend: str, device: int, layers: int, reps: int, log) -> list[dict]:
                 modes.append(("graph", lambda g=graph: _native._graph_launch(rt, g, stream)))
             for mode, run in modes:
                 us = _time(run, sync, reps) / layers * 1e6
-                results.append(
-                    {"bench": "ft_gpusync", "backend": backend, "handshake": hs, "mode": mode, "case": case,
-                     "layers": layers, "us_per_layer": round(us, 2), "floor_us": round(floor[mode], 2),
-                     "ratio": round(us / floor[mode], 2)}
-                )  # fmt: skip
+                results.append(_row(backend, hs, mode, case, layers, us, floor[mode]))
                 log(
                     f"  {hs:<9} {mode:<5} {case:<9} {us:8.2f} us/layer"
                     f"  (floor {floor[mode]:.2f}, x{us / floor[mode]:.1f})"
                 )
+        if hs == "kernel":
+            # Where an empty step's time goes: the publish kernel alone, the wait + combine alone.
+            set_route(-1)
+            b.submit(stream, 0, d_x, d_ids, d_w, 1)
+            sync()
+            parts = {
+                "publish-only": lambda b=b: [b.submit(stream, i, d_x, d_ids, d_w, 1) for i in range(layers)],
+                "wait-combine-only": lambda b=b: [b.wait(stream, d_out, False) for _ in range(layers)],
+                "wait-combine-only-acc": lambda b=b: [b.wait(stream, d_out, True) for _ in range(layers)],
+            }
+            for case, part in parts.items():
+                _native._begin_capture(rt, stream)
+                part()
+                g = _native._end_capture_instantiate(rt, stream)
+                us = _time(lambda g=g: _native._graph_launch(rt, g, stream), sync, reps) / layers * 1e6
+                _native._graph_exec_destroy(rt, g)
+                results.append(_row(backend, hs, "graph", case, layers, us, floor["graph"]))
+                log(f"  {hs:<9} graph {case:<22} {us:8.2f} us/layer")
         b.check()
         if graph is not None:
             _native._graph_exec_destroy(rt, graph)
     _native._graph_exec_destroy(rt, floor_graph)
     _native._host_free(rt, word_host)
-    _native._host_free(rt, host)
+    _native._device_free(rt, dev)
     _native._stream_destroy(rt, stream)
     return results
 

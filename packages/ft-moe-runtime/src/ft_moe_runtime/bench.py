@@ -34,14 +34,14 @@ def _events_ms(fn, reps: int) -> float:
     return statistics.median(times)
 
 
-def bench_ensure(num_slots: int, log) -> dict:
+def bench_ensure(num_slots: int, log, fetch: FetchPolicy | None = None) -> dict:
     L, E, calls = 48, 512, 100
     cache = ExpertSlotCache(L, E, num_slots)
     p = 1.0 / torch.arange(1, E + 1, dtype=torch.float64) ** 1.1
     gen = torch.Generator().manual_seed(0)
     ids_all = torch.multinomial(p.expand(calls * 64, -1), 1, generator=gen).view(calls, 8, 8).int().cuda()
     work = ids_all.clone()
-    fetch = FetchPolicy(fraction=0.5, rounding="prefer-fetch")
+    fetch = fetch or FetchPolicy(fraction=0.5, rounding="prefer-fetch")
     for i in range(L * 4):  # warm: fill the pool
         cache.ensure_experts_hybrid(i % L, work[i % calls], fetch)
     work.copy_(ids_all)
@@ -55,10 +55,11 @@ def bench_ensure(num_slots: int, log) -> dict:
     copy_ms = _events_ms(lambda: work.copy_(ids_all), 20)
     after = cache.stats()
     us = (ms - copy_ms) / calls * 1000
-    fetched = (after["fetched"] - before["fetched"]) / (21 * calls)
+    fetched = (after["fetched"] - before["fetched"]) / (20 * calls)  # 20 timed replays
+    misses = (after["misses"] - before["misses"]) / (20 * calls)
     log(f"  ensure, {num_slots} slots: {us:.2f} us/call ({fetched:.2f} experts fetched per call)")
     return {"bench": "ft_moe_runtime.ensure", "slots": num_slots, "us_per_call": round(us, 2),
-            "fetched_per_call": round(fetched, 2)}  # fmt: skip
+            "fetched_per_call": round(fetched, 2), "misses_per_call": round(misses, 2)}  # fmt: skip
 
 
 def bench_gather(log) -> dict:
@@ -98,7 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         p.error("the runtime benchmarks need a CUDA GPU")
     log = lambda s: print(s, file=sys.stderr if a.json else sys.stdout, flush=True)  # noqa: E731
-    results = [bench_ensure(2048, log), bench_ensure(23197, log), bench_gather(log)]
+    results = [
+        bench_ensure(2048, log),
+        bench_ensure(23197, log),
+        bench_ensure(23197, log, FetchPolicy(cap=0)),  # the same calls without a victim scan
+        bench_gather(log),
+    ]
     if a.json:
         for r in results:
             print(json.dumps(r), flush=True)

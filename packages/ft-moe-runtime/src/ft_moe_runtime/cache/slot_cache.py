@@ -57,7 +57,8 @@ class ExpertSlotCache:
         if tile < 16 or tile & (tile - 1):
             raise ValueError(f"tile must be a power of two >= 16, got {tile}")
         self.num_layers, self.num_experts, self.mode, self.tile = num_layers, num_experts, mode, tile
-        self.device = torch.device(device)
+        # the device as tensors report it ('cuda' -> 'cuda:0'), so the device check compares like with like
+        self.device = torch.empty(0, device=device).device
         self.rebuild(num_slots)
 
     def rebuild(self, num_slots: int) -> None:
