@@ -96,7 +96,7 @@ ProbeResult probe_kernel_io(Runtime& rt, int device, KernelIo* out) {
     }
     auto* done = reinterpret_cast<std::atomic<uint64_t>*>(h + l.done);
     auto* bell = reinterpret_cast<std::atomic<uint64_t>*>(h + l.doorbell);
-    done->store(0);
+    done->store(3);  // nonzero: a combine after a publish that did not run finds it and cannot spin
     if ((rc = launch_publish(rt, k, stream, d + in_off, d + in_off + 128, d + in_off + 192, 3, 1, 64, 1, d, l)) ||
         (rc = launch_combine(rt, k, stream, d + out_off, d, l, 64, true)) || (rc = rt.stream_sync(stream))) {
       r.detail = failed(rt, "kernel-IO launch", rc);
@@ -220,9 +220,9 @@ void Bridge::wait(void* stream, void* out, bool accumulate) {
     auto& t = host_tasks_[0];
     if (!t) t = std::make_unique<HostFuncTask>(HostFuncTask{this, 0});
     check(rt_.launch_host_func(stream, &host_wait, t.get()), "host-func wait");
-  } else {
+  } else if (hs_ == Handshake::memop) {
     check(memop(stream, false, dev_ + layout_.done, 1), "done wait");
-  }
+  }  // kernel: the combine kernel waits for done itself
   if (kio_ok_) {
     check(launch_combine(rt_, kio_, stream, out, dev_, layout_, static_cast<uint32_t>(count), accumulate), "combine launch");
   } else if (accumulate) {

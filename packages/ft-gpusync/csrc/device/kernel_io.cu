@@ -3,9 +3,10 @@
 // ft_publish: copies a step's x / ids / weights into the pinned IO block through its mapped device
 // address, then either rings the doorbell (some route goes to the CPU: done = 0, fence, doorbell) or,
 // when no route does, sets done = 2 ("no CPU result") and rings nothing, so the CPU is never woken
-// for an empty step. The stream's wait is for done >= 1.
-// ft_combine: after the wait, reads y from the block and writes it into `out`, or adds it into the GPU
-// partial already there; after done = 2 the CPU result is zero (y in the block is a stale one).
+// for an empty step.
+// ft_combine: waits for done != 0 in the kernel, then reads y from the block and writes it into `out`,
+// or adds it into the GPU partial already there; after done = 2 the CPU result is zero (y in the block
+// is a stale one).
 // Both run as one block: a decode step moves a few tens of KiB.
 #include "compat.h"
 
@@ -64,22 +65,31 @@ extern "C" __global__ void ft_publish(const uint16_t* __restrict__ x, const int3
   }
 }
 
+// Waits in the kernel: thread 0 of each block polls the done word until it is nonzero (every poll is one
+// PCIe read, which paces the loop), so no stream wait sits between publish and combine and the two
+// launches stay pipelined. 2 = the step had no CPU route: the CPU result is zero. The bound on the spin
+// is the host's: its watchdog sets done on a stuck task.
 extern "C" __global__ void ft_combine(uint16_t* __restrict__ out, const uint8_t* block, uint64_t off_done,
                                       uint64_t off_y, uint32_t count, uint32_t accumulate) {
+  __shared__ int s_empty;
+  if (threadIdx.x == 0) {
+    const volatile uint64_t* done = reinterpret_cast<const volatile uint64_t*>(block + off_done);
+    uint64_t v;
+    while ((v = *done) == 0) {
+    }
+    ft_fence_system();  // acquire: y is read after done was seen
+    s_empty = v == 2;
+  }
+  __syncthreads();
+  const bool empty = s_empty != 0;
+  if (empty && accumulate) return;  // nothing to add
   const uint16_t* y = reinterpret_cast<const uint16_t*>(block + off_y);
   const uint32_t tid = blockIdx.x * blockDim.x + threadIdx.x, stride = gridDim.x * blockDim.x;
-  const bool vec = ((reinterpret_cast<uintptr_t>(out) | reinterpret_cast<uintptr_t>(y)) & 15) == 0 && count % 8 == 0;
-  if (vec) {
-    // The done word and this thread's first y vector are loaded together: one PCIe round trip.
-    const uint32_t nv = count / 8;
+  if (((reinterpret_cast<uintptr_t>(out) | reinterpret_cast<uintptr_t>(y)) & 15) == 0 && count % 8 == 0) {
     const uint4* yv = reinterpret_cast<const uint4*>(y);
     uint4* ov = reinterpret_cast<uint4*>(out);
-    uint4 first = tid < nv ? yv[tid] : make_uint4(0, 0, 0, 0);
-    const bool empty = *reinterpret_cast<const volatile uint64_t*>(block + off_done) == 2;
-    if (empty && accumulate) return;  // nothing to add
-    for (uint32_t i = tid; i < nv; i += stride) {
-      uint4 v = i == tid ? first : yv[i];
-      if (empty) v = make_uint4(0, 0, 0, 0);  // after an empty step the CPU result is zero (y is stale)
+    for (uint32_t i = tid; i < count / 8; i += stride) {
+      uint4 v = empty ? make_uint4(0, 0, 0, 0) : ft_load_host(yv + i);
       if (accumulate) {
         uint4 o = ov[i];
         uint16_t* a = reinterpret_cast<uint16_t*>(&o);
@@ -92,10 +102,9 @@ extern "C" __global__ void ft_combine(uint16_t* __restrict__ out, const uint8_t*
     }
     return;
   }
-  const bool empty = *reinterpret_cast<const volatile uint64_t*>(block + off_done) == 2;
-  if (empty && accumulate) return;
+  const volatile uint16_t* ys = y;
   for (uint32_t i = tid; i < count; i += stride) {
-    const uint16_t v = empty ? 0 : y[i];
+    const uint16_t v = empty ? 0 : ys[i];
     out[i] = accumulate ? add_bf16(out[i], v) : v;
   }
 }

@@ -14,9 +14,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-ROUND_CAP, ROUND_MIN_WAIT, ROUND_STOCHASTIC, ROUND_PREFER_FETCH, ROUND_ALL = 0, 1, 2, 3, 4
-INT64_MAX = 2**63 - 1
-PPM: tl.constexpr = tl.constexpr(1_000_000)
+# Globals a Triton kernel reads must be tl.constexpr instances (Triton >= 3.6 refuses plain ints).
+ROUND_CAP, ROUND_MIN_WAIT, ROUND_STOCHASTIC, ROUND_PREFER_FETCH, ROUND_ALL = (
+    tl.constexpr(v) for v in range(5)
+)
+INT64_MAX = tl.constexpr(2**63 - 1)
+PPM = tl.constexpr(1_000_000)
 
 
 @triton.jit
@@ -108,8 +111,8 @@ def ensure_kernel(
     active = 1
     for j in range(0, n_fetch):
         k_sel = tl.sum(tl.where(miss & (rank == j), key, 0), axis=0)
-        best_val = INT64_MAX
-        best_idx = slot_lo
+        best_val = tl.full([], INT64_MAX, tl.int64)
+        best_idx = tl.full([], 0, tl.int32) + slot_lo
         for t0 in range(slot_lo, slot_hi, TILE):
             offs = t0 + tl.arange(0, TILE)
             u = tl.load(usage_ptr + offs, mask=offs < slot_hi, other=INT64_MAX)

@@ -24,9 +24,9 @@ from ft_moe_runtime.cache.policy import FetchPolicy, f32
 
 COUNTERS = ("hits", "misses", "fetched", "cpu_routes", "overflow")
 _ROUNDING = {
-    "min-wait": K.ROUND_MIN_WAIT,
-    "stochastic": K.ROUND_STOCHASTIC,
-    "prefer-fetch": K.ROUND_PREFER_FETCH,
+    "min-wait": K.ROUND_MIN_WAIT.value,
+    "stochastic": K.ROUND_STOCHASTIC.value,
+    "prefer-fetch": K.ROUND_PREFER_FETCH.value,
 }
 
 
@@ -124,9 +124,9 @@ class ExpertSlotCache:
         n = ids.numel()
         lo, hi = self.slot_range(layer)
         if fetch is None:
-            rounding, cap, frac_ppm = K.ROUND_ALL, 0, 0
+            rounding, cap, frac_ppm = K.ROUND_ALL.value, 0, 0
         elif fetch.cap is not None:
-            rounding, cap, frac_ppm = K.ROUND_CAP, fetch.cap, 0
+            rounding, cap, frac_ppm = K.ROUND_CAP.value, fetch.cap, 0
         else:
             rounding, cap, frac_ppm = _ROUNDING[fetch.rounding], 0, fetch.fraction_ppm
         policy = fetch or FetchPolicy(cap=0)
