@@ -2,9 +2,10 @@
 
     python -m ft_moe_runtime.bench cache [--json]
 
-- ensure: time of one `ensure_experts_hybrid` call that fetches (every call routes 8 tokens x top-8 of
-  512 experts per layer with Zipf skew over 48 layers), at 2,048 and 23,197 slots, in a CUDA graph of
-  100 calls (target: under 10 us at 23,197 slots).
+- ensure: time of one `ensure_experts_hybrid` call that fetches half its misses (every call routes 8
+  tokens, or 1, x top-8 with Zipf skew over 48 layers of 512 or 1,024 experts), at 2,048 and 23,197
+  slots, in a CUDA graph of 100 calls, with the misses and fetches per call next to it (target: under
+  10 us at 23,197 slots); and the same calls with nothing fetched.
 - gather: `copy_missing` of 28 experts of the Qwen3-30B-A3B bf16 shape (w13 [1536, 2048] + w2
   [2048, 768] bf16, 9.4 MB each) from pinned host banks into slots, in GB/s, next to a linear pinned
   host-to-device copy of the same bytes in the same run (target ratio >= 0.90).
@@ -34,12 +35,15 @@ def _events_ms(fn, reps: int) -> float:
     return statistics.median(times)
 
 
-def bench_ensure(num_slots: int, log, fetch: FetchPolicy | None = None) -> dict:
-    L, E, calls = 48, 512, 100
+def bench_ensure(
+    num_slots: int, log, E: int = 512, tokens: int = 8, fetch: FetchPolicy | None = None
+) -> dict:
+    L, calls = 48, 100
     cache = ExpertSlotCache(L, E, num_slots)
     p = 1.0 / torch.arange(1, E + 1, dtype=torch.float64) ** 1.1
     gen = torch.Generator().manual_seed(0)
-    ids_all = torch.multinomial(p.expand(calls * 64, -1), 1, generator=gen).view(calls, 8, 8).int().cuda()
+    n = calls * tokens * 8
+    ids_all = torch.multinomial(p.expand(n, -1), 1, generator=gen).view(calls, tokens, 8).int().cuda()
     work = ids_all.clone()
     fetch = fetch or FetchPolicy(fraction=0.5, rounding="prefer-fetch")
     for i in range(L * 4):  # warm: fill the pool
@@ -57,9 +61,13 @@ def bench_ensure(num_slots: int, log, fetch: FetchPolicy | None = None) -> dict:
     us = (ms - copy_ms) / calls * 1000
     fetched = (after["fetched"] - before["fetched"]) / (20 * calls)  # 20 timed replays
     misses = (after["misses"] - before["misses"]) / (20 * calls)
-    log(f"  ensure, {num_slots} slots: {us:.2f} us/call ({fetched:.2f} experts fetched per call)")
-    return {"bench": "ft_moe_runtime.ensure", "slots": num_slots, "us_per_call": round(us, 2),
-            "fetched_per_call": round(fetched, 2), "misses_per_call": round(misses, 2)}  # fmt: skip
+    log(
+        f"  ensure, {num_slots} slots, {L}x{E} experts, {tokens} tokens x top-8: {us:.2f} us/call"
+        f" ({misses:.2f} misses, {fetched:.2f} fetched per call)"
+    )
+    return {"bench": "ft_moe_runtime.ensure", "slots": num_slots, "layers": L, "experts": E,
+            "tokens": tokens, "us_per_call": round(us, 2), "misses_per_call": round(misses, 2),
+            "fetched_per_call": round(fetched, 2)}  # fmt: skip
 
 
 def bench_gather(log) -> dict:
@@ -101,8 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     log = lambda s: print(s, file=sys.stderr if a.json else sys.stdout, flush=True)  # noqa: E731
     results = [
         bench_ensure(2048, log),
-        bench_ensure(23197, log),
-        bench_ensure(23197, log, FetchPolicy(cap=0)),  # the same calls without a victim scan
+        bench_ensure(23197, log, E=1024),  # 49,152 experts in all: the pool holds under half
+        bench_ensure(23197, log, E=1024, tokens=1),  # batch-1 decode
+        bench_ensure(23197, log, E=1024, fetch=FetchPolicy(cap=0)),  # the same calls, no victim chosen
         bench_gather(log),
     ]
     if a.json:

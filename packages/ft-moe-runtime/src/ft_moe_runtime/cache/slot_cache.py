@@ -12,6 +12,8 @@ Device state (fixed addresses, so every call can be captured in a graph):
 Graph-capture rules: `ensure_experts` and `ensure_experts_hybrid` only launch a kernel on the current
 stream and may be captured; the policy (cap or fraction, rounding, order) is baked into the capture.
 `reset`, `rebuild` and `stats` must happen outside capture (they allocate, fill or read on the host).
+The first call with the most routes per call (the largest batch) must happen before capture: it sizes
+the scratch of the victim proposals (a call under capture that would need more raises).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ class ExpertSlotCache:
     num_slots: GPU expert slots in all (per-layer: divided evenly, num_slots % num_layers == 0).
     mode: "unified" (one pool for all layers) or "per-layer".
     device: where the state lives (a CUDA device, or CPU under TRITON_INTERPRET=1).
-    tile: victim-scan tile width (power of two; 8192 keeps a pool of up to 8192 slots in registers).
+    tile: slots per program of the victim scan (power of two >= 16; each program holds its chunk in
+        registers and proposes victims, the last one merges).
     """
 
     def __init__(
@@ -47,7 +50,7 @@ class ExpertSlotCache:
         *,
         mode: str = "unified",
         device: str | torch.device = "cuda",
-        tile: int = 8192,
+        tile: int = 1024,
     ) -> None:
         for name, v in (("num_layers", num_layers), ("num_experts", num_experts), ("num_slots", num_slots)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -79,12 +82,15 @@ class ExpertSlotCache:
         self.plan_src = torch.zeros(num_slots, dtype=torch.int32, device=dev)
         self.plan_count = torch.zeros(1, dtype=torch.int32, device=dev)
         self.counters = torch.zeros(len(COUNTERS), dtype=torch.int64, device=dev)
+        self.arrive = torch.zeros(1, dtype=torch.int32, device=dev)  # programs of the running call
+        self._cand_val = torch.empty(0, dtype=torch.int64, device=dev)
+        self._cand_idx = torch.empty(0, dtype=torch.int32, device=dev)
 
     def reset(self) -> None:
         """Empty every slot and zero the counters, keeping the pool; outside capture."""
         for t, v in ((self.slot_of, -1), (self.owner, -1), (self.usage, -1), (self.seen, -1)):
             t.fill_(v)
-        for t in (self.step, self.plan_count, self.counters):
+        for t in (self.step, self.plan_count, self.counters, self.arrive):
             t.zero_()
 
     def slot_range(self, layer: int) -> tuple[int, int]:
@@ -130,12 +136,28 @@ class ExpertSlotCache:
         else:
             rounding, cap, frac_ppm = _ROUNDING[fetch.rounding], 0, fetch.fraction_ppm
         policy = fetch or FetchPolicy(cap=0)
-        tile = min(self.tile, max(16, triton.next_power_of_2(hi - lo)))
-        K.ensure_kernel[(1,)](
+        chunk = min(self.tile, max(16, triton.next_power_of_2(hi - lo)))
+        n_chunks = triton.cdiv(hi - lo, chunk)
+        block_r = max(16, triton.next_power_of_2(n))
+        cand_val, cand_idx = self._proposals(n_chunks * block_r)
+        K.ensure_kernel[(n_chunks,)](
             ids, n, self.slot_of, self.owner, self.usage, self.seen, self.step,
             self.plan_slot, self.plan_src, self.plan_count, self.counters,
-            layer, self.num_experts, lo, hi,
+            cand_val, cand_idx, self.arrive,
+            layer, self.num_experts, lo, hi, n_chunks,
             cap, frac_ppm, f32(policy.pcie_gbs), f32(policy.cpu_gbs), policy.seed,
             ROUNDING=rounding, ORDER_RECENT=policy.order == "recent", CLAMP=clamp,
-            BLOCK_R=max(16, triton.next_power_of_2(n)), TILE=tile,
+            BLOCK_R=block_r, CHUNK=chunk, BLOCK_C=triton.next_power_of_2(n_chunks),
         )  # fmt: skip
+
+    def _proposals(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scratch for the programs' victim proposals, grown outside capture only."""
+        if self._cand_val.numel() < size:
+            if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(
+                    f"ensure_experts with {size} proposal entries needs scratch allocated outside graph "
+                    "capture: make one call with the largest batch (routes per call) before capturing"
+                )
+            self._cand_val = torch.empty(size, dtype=torch.int64, device=self.device)
+            self._cand_idx = torch.empty(size, dtype=torch.int32, device=self.device)
+        return self._cand_val, self._cand_idx
