@@ -120,6 +120,8 @@ def ensure_kernel(
         tl.store(arrive_ptr, 0)  # ready for the next call (stream order)
         tl.store(step_ptr, stamp)
         prev_seen = tl.load(seen_ptr + key, mask=valid, other=-1)
+        # Every thread's load of seen before any store to it (a key's value is held by several threads).
+        tl.debug_barrier()
         tl.store(seen_ptr + key, tl.zeros([BLOCK_R], tl.int64) + stamp, mask=first)
         # Rank of each miss in fetch order, and the key of each rank.
         if ORDER_RECENT:
