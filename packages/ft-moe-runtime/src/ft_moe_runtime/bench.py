@@ -3,7 +3,7 @@
     python -m ft_moe_runtime.bench cache [--json]
 
 - ensure: time of one `ensure_experts_hybrid` call that fetches half its misses (every call routes 8
-  tokens, or 1, x top-8 with Zipf skew over 48 layers of 512 or 1,024 experts), at 2,048 and 23,197
+  tokens, or 1, x top-8, uniform or with Zipf skew, over 48 layers of 512 or 1,024 experts), at 2,048 and 23,197
   slots, in a CUDA graph of 100 calls, with the misses and fetches per call next to it (target: under
   10 us at 23,197 slots); and the same calls with nothing fetched.
 - gather: `copy_missing` of 28 experts of the Qwen3-30B-A3B bf16 shape (w13 [1536, 2048] + w2
@@ -36,11 +36,11 @@ def _events_ms(fn, reps: int) -> float:
 
 
 def bench_ensure(
-    num_slots: int, log, E: int = 512, tokens: int = 8, fetch: FetchPolicy | None = None
+    num_slots: int, log, E: int = 512, tokens: int = 8, fetch: FetchPolicy | None = None, zipf: bool = True
 ) -> dict:
     L, calls = 48, 100
     cache = ExpertSlotCache(L, E, num_slots)
-    p = 1.0 / torch.arange(1, E + 1, dtype=torch.float64) ** 1.1
+    p = 1.0 / torch.arange(1, E + 1, dtype=torch.float64) ** (1.1 if zipf else 0.0)
     gen = torch.Generator().manual_seed(0)
     n = calls * tokens * 8
     ids_all = torch.multinomial(p.expand(n, -1), 1, generator=gen).view(calls, tokens, 8).int().cuda()
@@ -62,11 +62,12 @@ def bench_ensure(
     fetched = (after["fetched"] - before["fetched"]) / (20 * calls)  # 20 timed replays
     misses = (after["misses"] - before["misses"]) / (20 * calls)
     log(
-        f"  ensure, {num_slots} slots, {L}x{E} experts, {tokens} tokens x top-8: {us:.2f} us/call"
+        f"  ensure, {num_slots} slots, {L}x{E} experts, {tokens} tokens x top-8"
+        f" {'zipf' if zipf else 'uniform'}: {us:.2f} us/call"
         f" ({misses:.2f} misses, {fetched:.2f} fetched per call)"
     )
     return {"bench": "ft_moe_runtime.ensure", "slots": num_slots, "layers": L, "experts": E,
-            "tokens": tokens, "us_per_call": round(us, 2), "misses_per_call": round(misses, 2),
+            "tokens": tokens, "routing": "zipf" if zipf else "uniform", "us_per_call": round(us, 2), "misses_per_call": round(misses, 2),
             "fetched_per_call": round(fetched, 2)}  # fmt: skip
 
 
@@ -109,9 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     log = lambda s: print(s, file=sys.stderr if a.json else sys.stdout, flush=True)  # noqa: E731
     results = [
         bench_ensure(2048, log),
-        bench_ensure(23197, log, E=1024),  # 49,152 experts in all: the pool holds under half
-        bench_ensure(23197, log, E=1024, tokens=1),  # batch-1 decode
-        bench_ensure(23197, log, E=1024, fetch=FetchPolicy(cap=0)),  # the same calls, no victim chosen
+        # 49,152 experts in all, the pool holds under half: uniform routing misses about half the time
+        bench_ensure(23197, log, E=1024, zipf=False),
+        bench_ensure(23197, log, E=1024),
+        bench_ensure(23197, log, E=1024, tokens=1, zipf=False),  # batch-1 decode
+        bench_ensure(23197, log, E=1024, zipf=False, fetch=FetchPolicy(cap=0)),  # the same, no victim
         bench_gather(log),
     ]
     if a.json:

@@ -1,14 +1,15 @@
 """The Triton kernel of the slot cache: one program per call does admission, victim selection, the copy
 plan and the route rewrite on the device, with fixed addresses, so it can run inside a captured graph.
 
-Victim selection is parallel: one program per CHUNK slots of the layer's pool range (1024 by default,
-held in registers) stamps the hits in its chunk, then proposes the chunk's n_fetch least-used slots;
-the last program to arrive (an acq_rel arrival counter) merges the proposals and admits the misses.
-Taking the n least-used slots at once is the same as n successive argmins that each stamp their victim.
-Hits are stamped with the step before any proposal is made, so no hit slot is ever chosen and no
-per-route mask is needed. Ties go to the lowest slot (proposals are merged chunk by chunk, in slot
-order). Every route id is loaded before any store, and barriers separate the admission stores from the
-rewrite's loads.
+Victim selection: a pool range up to CHUNK slots (4096 by default) is held in registers by one
+program; a larger one is split over one program per CHUNK slots, each of which stamps the hits in its
+chunk and proposes the chunk's n_fetch least-used slots, and the last program to arrive (an acq_rel
+arrival counter) merges the proposals and admits the misses. Taking the n least-used slots at once is
+the same as n successive argmins that each stamp their victim. Usage and slot are packed into one
+int64, (usage + 1) << 24 | slot offset, so one min finds the least usage and, among equals, the lowest
+slot. Hits are stamped with the step before any candidate is taken, so no hit slot is ever chosen and
+no per-route mask is needed. Every route id is loaded before any store, and barriers separate the
+admission stores from the rewrite's loads. Limits: 2^24 slots per pool range, 2^39 calls per cache.
 """
 
 from __future__ import annotations
@@ -37,20 +38,82 @@ def _hash_bits(seed, step):
     return x >> 8
 
 
+@triton.jit
+def _admit(
+    ids_ptr, slot_of_ptr, owner_ptr, usage_ptr, seen_ptr, step_ptr,
+    plan_slot_ptr, plan_src_ptr, plan_count_ptr, counters_ptr,
+    r, rmask, e, key, valid, first, miss, hit, n_miss, n_fetch, stamp, cand, slot_lo,
+    ORDER_RECENT: tl.constexpr, CLAMP: tl.constexpr, BLOCK_R: tl.constexpr,
+):  # fmt: skip
+    # Runs in one program once every hit is stamped; `cand` holds packed (usage + 1) << 24 | slot offset
+    # values, at least the n_fetch least-used slots of the pool range (the rest INT64_MAX).
+    tl.store(step_ptr, stamp)
+    prev_seen = tl.load(seen_ptr + key, mask=valid, other=-1)
+    # Every thread's load of seen before any store to it (a key's value is held by several threads).
+    tl.debug_barrier()
+    tl.store(seen_ptr + key, tl.zeros([BLOCK_R], tl.int64) + stamp, mask=first)
+    # Rank of each miss in fetch order, and the key of each rank.
+    if ORDER_RECENT:
+        better = (prev_seen[None, :] > prev_seen[:, None]) | (
+            (prev_seen[None, :] == prev_seen[:, None]) & (key[None, :] < key[:, None])
+        )
+    else:
+        better = key[None, :] < key[:, None]
+    rank = tl.sum((better & miss[None, :]).to(tl.int32), axis=1)
+    rank = tl.where(miss, rank, BLOCK_R)  # routes that are not misses have no rank
+    rank_key = tl.sum(tl.where(rank[None, :] == r[:, None], key[None, :], 0), axis=1)  # [j] -> key
+
+    victim = tl.zeros([BLOCK_R], tl.int32) - 1
+    fetched = 0
+    overflow = 0
+    for j in range(0, n_fetch):
+        # The least (usage, slot): ties go to the lowest slot through the packing.
+        mn = tl.min(cand, axis=0)
+        # A slot stamped in this step serves a route of it: never evict it. The candidates ascend, so
+        # once one fails every later one does.
+        ok = (mn >> 24) - 1 < stamp
+        victim = tl.where((r == j) & ok, slot_lo + (mn & 0xFFFFFF).to(tl.int32), victim)
+        fetched += ok.to(tl.int32)
+        if not CLAMP:
+            overflow += (ok == 0).to(tl.int32)  # a miss that should have been fetched found no slot
+        cand = tl.where(cand == mn, INT64_MAX, cand)
+    # Admit: victims [0, fetched) take the keys of ranks [0, fetched).
+    take = r < fetched
+    old = tl.load(owner_ptr + victim, mask=take, other=-1)
+    tl.store(slot_of_ptr + tl.maximum(old, 0), tl.zeros([BLOCK_R], tl.int32) - 1, mask=take & (old >= 0))
+    tl.debug_barrier()
+    tl.store(owner_ptr + victim, rank_key.to(tl.int32), mask=take)
+    tl.store(slot_of_ptr + rank_key, victim, mask=take)
+    tl.store(usage_ptr + victim, tl.zeros([BLOCK_R], tl.int64) + stamp, mask=take)
+    tl.store(plan_slot_ptr + r, victim, mask=take)
+    tl.store(plan_src_ptr + r, rank_key.to(tl.int32), mask=take)
+    tl.store(plan_count_ptr, fetched)
+    tl.debug_barrier()
+    # Rewrite: every route id was loaded at the top, before any store.
+    out = tl.load(slot_of_ptr + key, mask=valid, other=-1)
+    tl.store(ids_ptr + r, tl.where(valid, out, e), mask=rmask)
+    tl.atomic_add(counters_ptr + 0, tl.sum(hit.to(tl.int64), axis=0), sem="relaxed")
+    tl.atomic_add(counters_ptr + 1, n_miss.to(tl.int64), sem="relaxed")
+    tl.atomic_add(counters_ptr + 2, fetched.to(tl.int64), sem="relaxed")
+    tl.atomic_add(counters_ptr + 3, tl.sum((valid & (out < 0)).to(tl.int64), axis=0), sem="relaxed")
+    tl.atomic_add(counters_ptr + 4, overflow.to(tl.int64), sem="relaxed")
+
+
 # Runtime scalars that may be 0 or 1 are not specialized: one compiled kernel serves every layer/policy.
 @triton.jit(do_not_specialize=["n_routes", "layer", "cap", "frac_ppm", "seed", "n_chunks"])
 def ensure_kernel(
     ids_ptr, n_routes, slot_of_ptr, owner_ptr, usage_ptr, seen_ptr, step_ptr,
     plan_slot_ptr, plan_src_ptr, plan_count_ptr, counters_ptr,
-    cand_val_ptr, cand_idx_ptr, arrive_ptr,
+    cand_ptr, arrive_ptr,
     layer, num_experts, slot_lo, slot_hi, n_chunks,
     cap, frac_ppm, pcie_gbs, cpu_gbs, seed,
     ROUNDING: tl.constexpr, ORDER_RECENT: tl.constexpr, CLAMP: tl.constexpr,
-    BLOCK_R: tl.constexpr, CHUNK: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_R: tl.constexpr, CHUNK: tl.constexpr, BLOCK_C: tl.constexpr, SINGLE: tl.constexpr,
 ):  # fmt: skip
-    # One program per CHUNK slots of the layer's pool range. Every program reads the routes, stamps
-    # the hits that live in its chunk and proposes its chunk's n_fetch least-used slots; the last
-    # program to arrive merges the proposals, admits the misses and rewrites the routes.
+    # One program per CHUNK slots of the layer's pool range. Every program reads the routes and stamps
+    # the hits that live in its chunk. SINGLE (one chunk): the program admits from its registers.
+    # Otherwise each proposes its chunk's n_fetch least-used slots, and the last program to arrive
+    # merges the proposals and admits.
     pid = tl.program_id(0)
     r = tl.arange(0, BLOCK_R)
     rmask = r < n_routes
@@ -101,77 +164,36 @@ def ensure_kernel(
             n_fetch = tl.where(w_hi < w_lo, lo + 1, lo)
         n_fetch = tl.maximum(0, tl.minimum(n_fetch, n_miss))
 
-    # This chunk's proposals: its n_fetch least-used slots, ascending by (usage, slot). A slot stamped
-    # above (a hit) has usage == stamp and sorts after every evictable one.
+    # The chunk packed as (usage + 1) << 24 | slot offset: one min gives the least usage, ties the
+    # lowest slot. A slot stamped above (a hit) has usage == stamp and sorts after every evictable one.
     tl.debug_barrier()
-    c = tl.arange(0, CHUNK)
-    offs = c_lo + c
-    u = tl.load(usage_ptr + offs, mask=offs < c_hi, other=INT64_MAX)
-    for j in range(0, n_fetch):
-        mn = tl.min(u, axis=0)
-        ai = tl.argmin(u, axis=0)  # the first of equal minima: the lowest slot
-        tl.store(cand_val_ptr + pid * BLOCK_R + j, mn)
-        tl.store(cand_idx_ptr + pid * BLOCK_R + j, (c_lo + ai).to(tl.int32))
-        u = tl.where(c == ai, INT64_MAX, u)
-    tl.debug_barrier()
-    arrived = tl.atomic_add(arrive_ptr, 1, sem="acq_rel")
-    if arrived == n_chunks - 1:
-        # The last program: every proposal and every hit stamp is visible (acquire above).
-        tl.store(arrive_ptr, 0)  # ready for the next call (stream order)
-        tl.store(step_ptr, stamp)
-        prev_seen = tl.load(seen_ptr + key, mask=valid, other=-1)
-        # Every thread's load of seen before any store to it (a key's value is held by several threads).
-        tl.debug_barrier()
-        tl.store(seen_ptr + key, tl.zeros([BLOCK_R], tl.int64) + stamp, mask=first)
-        # Rank of each miss in fetch order, and the key of each rank.
-        if ORDER_RECENT:
-            better = (prev_seen[None, :] > prev_seen[:, None]) | (
-                (prev_seen[None, :] == prev_seen[:, None]) & (key[None, :] < key[:, None])
-            )
-        else:
-            better = key[None, :] < key[:, None]
-        rank = tl.sum((better & miss[None, :]).to(tl.int32), axis=1)
-        rank = tl.where(miss, rank, BLOCK_R)  # routes that are not misses have no rank
-        rank_key = tl.sum(tl.where(rank[None, :] == r[:, None], key[None, :], 0), axis=1)  # [j] -> key
-
-        # Merge: chunk-major order, so among equal usage the first is the lowest slot.
-        cp = tl.arange(0, BLOCK_C)
-        cmask = (cp[:, None] < n_chunks) & (r[None, :] < n_fetch)
-        flat = cp[:, None] * BLOCK_R + r[None, :]
-        cv = tl.load(cand_val_ptr + flat, mask=cmask, other=INT64_MAX, cache_modifier=".cg")
-        ci = tl.load(cand_idx_ptr + flat, mask=cmask, other=0, cache_modifier=".cg")
-        victim = tl.zeros([BLOCK_R], tl.int32) - 1
-        fetched = 0
-        overflow = 0
+    offs = c_lo + tl.arange(0, CHUNK)
+    inside = offs < c_hi
+    u = tl.load(usage_ptr + offs, mask=inside, other=0)
+    packed = tl.where(inside, ((u + 1) << 24) | (offs - slot_lo).to(tl.int64), INT64_MAX)
+    if SINGLE:
+        _admit(
+            ids_ptr, slot_of_ptr, owner_ptr, usage_ptr, seen_ptr, step_ptr,
+            plan_slot_ptr, plan_src_ptr, plan_count_ptr, counters_ptr,
+            r, rmask, e, key, valid, first, miss, hit, n_miss, n_fetch, stamp, packed, slot_lo,
+            ORDER_RECENT, CLAMP, BLOCK_R,
+        )  # fmt: skip
+    else:
         for j in range(0, n_fetch):
-            mn = tl.min(tl.min(cv, axis=1), axis=0)
-            at = tl.min(tl.min(tl.where(cv == mn, flat, BLOCK_C * BLOCK_R), axis=1), axis=0)
-            slot = tl.sum(tl.sum(tl.where(flat == at, ci, 0), axis=1), axis=0)
-            # A slot stamped in this step serves a route of it: never evict it. Proposals ascend, so
-            # once one fails every later one does.
-            ok = mn < stamp
-            victim = tl.where((r == j) & ok, slot, victim)
-            fetched += ok.to(tl.int32)
-            if not CLAMP:
-                overflow += (ok == 0).to(tl.int32)  # a miss that should have been fetched found no slot
-            cv = tl.where(flat == at, INT64_MAX, cv)
-        # Admit: victims [0, fetched) take the keys of ranks [0, fetched).
-        take = r < fetched
-        old = tl.load(owner_ptr + victim, mask=take, other=-1)
-        tl.store(slot_of_ptr + tl.maximum(old, 0), tl.zeros([BLOCK_R], tl.int32) - 1, mask=take & (old >= 0))
+            mn = tl.min(packed, axis=0)
+            tl.store(cand_ptr + pid * BLOCK_R + j, mn)
+            packed = tl.where(packed == mn, INT64_MAX, packed)
         tl.debug_barrier()
-        tl.store(owner_ptr + victim, rank_key.to(tl.int32), mask=take)
-        tl.store(slot_of_ptr + rank_key, victim, mask=take)
-        tl.store(usage_ptr + victim, tl.zeros([BLOCK_R], tl.int64) + stamp, mask=take)
-        tl.store(plan_slot_ptr + r, victim, mask=take)
-        tl.store(plan_src_ptr + r, rank_key.to(tl.int32), mask=take)
-        tl.store(plan_count_ptr, fetched)
-        tl.debug_barrier()
-        # Rewrite: every route id was loaded at the top, before any store.
-        out = tl.load(slot_of_ptr + key, mask=valid, other=-1)
-        tl.store(ids_ptr + r, tl.where(valid, out, e), mask=rmask)
-        tl.atomic_add(counters_ptr + 0, tl.sum(hit.to(tl.int64), axis=0))
-        tl.atomic_add(counters_ptr + 1, n_miss.to(tl.int64))
-        tl.atomic_add(counters_ptr + 2, fetched.to(tl.int64))
-        tl.atomic_add(counters_ptr + 3, tl.sum((valid & (out < 0)).to(tl.int64), axis=0))
-        tl.atomic_add(counters_ptr + 4, overflow.to(tl.int64))
+        arrived = tl.atomic_add(arrive_ptr, 1, sem="acq_rel")
+        if arrived == n_chunks - 1:
+            # The last program: every proposal and every hit stamp is visible (acquire above).
+            tl.store(arrive_ptr, 0)  # ready for the next call (stream order)
+            pos = tl.arange(0, BLOCK_C * BLOCK_R)
+            pmask = (pos // BLOCK_R < n_chunks) & (pos % BLOCK_R < n_fetch)
+            cand = tl.load(cand_ptr + pos, mask=pmask, other=INT64_MAX, cache_modifier=".cg")
+            _admit(
+                ids_ptr, slot_of_ptr, owner_ptr, usage_ptr, seen_ptr, step_ptr,
+                plan_slot_ptr, plan_src_ptr, plan_count_ptr, counters_ptr,
+                r, rmask, e, key, valid, first, miss, hit, n_miss, n_fetch, stamp, cand, slot_lo,
+                ORDER_RECENT, CLAMP, BLOCK_R,
+            )  # fmt: skip

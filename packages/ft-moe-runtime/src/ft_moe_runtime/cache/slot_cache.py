@@ -38,8 +38,9 @@ class ExpertSlotCache:
     num_slots: GPU expert slots in all (per-layer: divided evenly, num_slots % num_layers == 0).
     mode: "unified" (one pool for all layers) or "per-layer".
     device: where the state lives (a CUDA device, or CPU under TRITON_INTERPRET=1).
-    tile: slots per program of the victim scan (power of two >= 16; each program holds its chunk in
-        registers and proposes victims, the last one merges).
+    tile: slots per program of the victim scan (power of two >= 16): a pool range up to `tile` is
+        one program with its slots in registers; a larger one is split over programs that propose
+        victims, the last of which merges them. Pool ranges are limited to 2^24 slots.
     """
 
     def __init__(
@@ -50,7 +51,7 @@ class ExpertSlotCache:
         *,
         mode: str = "unified",
         device: str | torch.device = "cuda",
-        tile: int = 1024,
+        tile: int = 4096,
     ) -> None:
         for name, v in (("num_layers", num_layers), ("num_experts", num_experts), ("num_slots", num_slots)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -70,6 +71,9 @@ class ExpertSlotCache:
             raise ValueError(
                 f"num_slots={num_slots} must be a multiple of num_layers={self.num_layers} in per-layer mode"
             )
+        per_range = num_slots // self.num_layers if self.mode == "per-layer" else num_slots
+        if per_range >= 1 << 24:
+            raise ValueError(f"num_slots={num_slots}: a pool range holds at most 2^24 - 1 slots")
         self.num_slots = num_slots
         keys = self.num_layers * self.num_experts
         dev = self.device
@@ -83,8 +87,7 @@ class ExpertSlotCache:
         self.plan_count = torch.zeros(1, dtype=torch.int32, device=dev)
         self.counters = torch.zeros(len(COUNTERS), dtype=torch.int64, device=dev)
         self.arrive = torch.zeros(1, dtype=torch.int32, device=dev)  # programs of the running call
-        self._cand_val = torch.empty(0, dtype=torch.int64, device=dev)
-        self._cand_idx = torch.empty(0, dtype=torch.int32, device=dev)
+        self._cand = torch.empty(1, dtype=torch.int64, device=dev)  # victim proposals (multi-chunk pools)
 
     def reset(self) -> None:
         """Empty every slot and zero the counters, keeping the pool; outside capture."""
@@ -139,25 +142,25 @@ class ExpertSlotCache:
         chunk = min(self.tile, max(16, triton.next_power_of_2(hi - lo)))
         n_chunks = triton.cdiv(hi - lo, chunk)
         block_r = max(16, triton.next_power_of_2(n))
-        cand_val, cand_idx = self._proposals(n_chunks * block_r)
+        cand = self._proposals(n_chunks * block_r) if n_chunks > 1 else self._cand
         K.ensure_kernel[(n_chunks,)](
             ids, n, self.slot_of, self.owner, self.usage, self.seen, self.step,
             self.plan_slot, self.plan_src, self.plan_count, self.counters,
-            cand_val, cand_idx, self.arrive,
+            cand, self.arrive,
             layer, self.num_experts, lo, hi, n_chunks,
             cap, frac_ppm, f32(policy.pcie_gbs), f32(policy.cpu_gbs), policy.seed,
             ROUNDING=rounding, ORDER_RECENT=policy.order == "recent", CLAMP=clamp,
-            BLOCK_R=block_r, CHUNK=chunk, BLOCK_C=triton.next_power_of_2(n_chunks),
+            BLOCK_R=block_r, CHUNK=chunk, BLOCK_C=triton.next_power_of_2(n_chunks), SINGLE=n_chunks == 1,
+            num_warps=8 if chunk >= 2048 else 4,
         )  # fmt: skip
 
-    def _proposals(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _proposals(self, size: int) -> torch.Tensor:
         """Scratch for the programs' victim proposals, grown outside capture only."""
-        if self._cand_val.numel() < size:
+        if self._cand.numel() < size:
             if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
                 raise RuntimeError(
                     f"ensure_experts with {size} proposal entries needs scratch allocated outside graph "
                     "capture: make one call with the largest batch (routes per call) before capturing"
                 )
-            self._cand_val = torch.empty(size, dtype=torch.int64, device=self.device)
-            self._cand_idx = torch.empty(size, dtype=torch.int32, device=self.device)
-        return self._cand_val, self._cand_idx
+            self._cand = torch.empty(size, dtype=torch.int64, device=self.device)
+        return self._cand
