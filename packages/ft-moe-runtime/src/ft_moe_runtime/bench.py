@@ -3,8 +3,8 @@
     python -m ft_moe_runtime.bench cache [--json]
 
 - ensure: time of one `ensure_experts_hybrid` call that fetches half its misses (every call routes 8
-  tokens, or 1, x top-8, uniform or with Zipf skew, over 48 layers of 512 or 1,024 experts), at 2,048 and 23,197
-  slots, in a CUDA graph of 100 calls, with the misses and fetches per call next to it (target: under
+  tokens, or 1, x top-8, uniform or with Zipf skew, over 48 layers of 512 or 1,024 experts), at 2,048
+  and 23,197 slots, in a CUDA graph of 100 calls, with the misses and fetches per call next to it (target: under
   10 us at 23,197 slots); and the same calls with nothing fetched.
 - gather: `copy_missing` of 28 experts of the Qwen3-30B-A3B bf16 shape (w13 [1536, 2048] + w2
   [2048, 768] bf16, 9.4 MB each) from pinned host banks into slots, in GB/s, next to a linear pinned
@@ -67,7 +67,8 @@ def bench_ensure(
         f" ({misses:.2f} misses, {fetched:.2f} fetched per call)"
     )
     return {"bench": "ft_moe_runtime.ensure", "slots": num_slots, "layers": L, "experts": E,
-            "tokens": tokens, "routing": "zipf" if zipf else "uniform", "us_per_call": round(us, 2), "misses_per_call": round(misses, 2),
+            "tokens": tokens, "routing": "zipf" if zipf else "uniform", "us_per_call": round(us, 2),
+            "misses_per_call": round(misses, 2),
             "fetched_per_call": round(fetched, 2)}  # fmt: skip
 
 
