@@ -4,8 +4,8 @@
 
 - ensure: time of one `ensure_experts_hybrid` call that fetches half its misses (every call routes 8
   tokens, or 1, x top-8, uniform or with Zipf skew, over 48 layers of 512 or 1,024 experts), at 2,048
-  and 23,197 slots, in a CUDA graph of 100 calls, with the misses and fetches per call next to it (target: under
-  10 us at 23,197 slots); and the same calls with nothing fetched.
+  and 23,197 slots, in a CUDA graph of 100 calls, with the misses and fetches per call next to it
+  (target: under 10 us at 23,197 slots); and the same calls with nothing fetched.
 - gather: `copy_missing` of 28 experts of the Qwen3-30B-A3B bf16 shape (w13 [1536, 2048] + w2
   [2048, 768] bf16, 9.4 MB each) from pinned host banks into slots, in GB/s, next to a linear pinned
   host-to-device copy of the same bytes in the same run (target ratio >= 0.90).
