@@ -38,29 +38,38 @@ def _events_ms(fn, reps: int) -> float:
 def bench_ensure(
     num_slots: int, log, E: int = 512, tokens: int = 8, fetch: FetchPolicy | None = None, zipf: bool = True
 ) -> dict:
-    L, calls = 48, 100
+    L, calls, reps, warm_sets = 48, 100, 20, 40
     cache = ExpertSlotCache(L, E, num_slots)
     p = 1.0 / torch.arange(1, E + 1, dtype=torch.float64) ** (1.1 if zipf else 0.0)
     gen = torch.Generator().manual_seed(0)
-    n = calls * tokens * 8
-    ids_all = torch.multinomial(p.expand(n, -1), 1, generator=gen).view(calls, tokens, 8).int().cuda()
-    work = ids_all.clone()
+    # Fresh routes for every replay (sets 0..reps-1) and for the warm-up (the rest): replaying one set
+    # would measure a pool that already holds it.
+    shape = (reps + warm_sets, calls, tokens, 8)
+    n = shape[0] * calls * tokens * 8
+    cdf = torch.cumsum(p / p.sum(), 0)
+    draws = torch.searchsorted(cdf, torch.rand(n, dtype=torch.float64, generator=gen), right=True)
+    ids_all = draws.clamp_(max=E - 1).view(shape).int().cuda()
+    work = ids_all[0].clone()
     fetch = fetch or FetchPolicy(fraction=0.5, rounding="prefer-fetch")
-    for i in range(L * 4):  # warm: fill the pool
-        cache.ensure_experts_hybrid(i % L, work[i % calls], fetch)
-    work.copy_(ids_all)
+    for w in range(warm_sets):  # warm: until every slot is owned (or the warm-up sets run out)
+        work.copy_(ids_all[reps + w])
+        for i in range(calls):
+            cache.ensure_experts_hybrid(i % L, work[i], fetch)
+        if bool((cache.owner >= 0).all()):
+            break
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for i in range(calls):
             cache.ensure_experts_hybrid(i % L, work[i], fetch)
     before = cache.stats()
-    ms = _events_ms(lambda: (work.copy_(ids_all), g.replay()), 20)
-    copy_ms = _events_ms(lambda: work.copy_(ids_all), 20)
+    sets = iter(range(reps))
+    ms = _events_ms(lambda: (work.copy_(ids_all[next(sets)]), g.replay()), reps)
     after = cache.stats()
+    copy_ms = _events_ms(lambda: work.copy_(ids_all[0]), reps)
     us = (ms - copy_ms) / calls * 1000
-    fetched = (after["fetched"] - before["fetched"]) / (20 * calls)  # 20 timed replays
-    misses = (after["misses"] - before["misses"]) / (20 * calls)
+    fetched = (after["fetched"] - before["fetched"]) / (reps * calls)
+    misses = (after["misses"] - before["misses"]) / (reps * calls)
     log(
         f"  ensure, {num_slots} slots, {L}x{E} experts, {tokens} tokens x top-8"
         f" {'zipf' if zipf else 'uniform'}: {us:.2f} us/call"
