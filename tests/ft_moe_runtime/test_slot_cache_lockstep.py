@@ -51,7 +51,7 @@ POLICIES = {
 @pytest.mark.parametrize(
     ("num_slots", "mode", "tile"),
     [(24, "unified", 32), (40, "unified", 16), (48, "per-layer", 16)],
-    ids=["one-tile", "two-tiles", "per-layer"],
+    ids=["one-program", "three-programs", "per-layer"],
 )
 @pytest.mark.parametrize("kind", ["uniform", "zipf"])
 @pytest.mark.parametrize("clamp", [True, False])
@@ -87,12 +87,12 @@ def test_overflow_without_clamp_is_counted() -> None:
 @pytest.mark.parametrize(
     ("num_slots", "mode", "L", "E"),
     [(2048, "unified", 8, 512), (23197, "unified", 48, 512), (12288, "per-layer", 48, 512)],
-    ids=["2048-one-tile", "23197-three-tiles", "per-layer-48x256"],
+    ids=["2048-one-program", "23197-six-programs", "per-layer-48x256"],
 )
 @pytest.mark.parametrize("policy", ["all", "min-wait", "stochastic"])
 def test_large_pools_match_lru_reference(num_slots, mode, L, E, policy) -> None:
     # From an empty pool until every slot is owned, then 200 calls of evictions from a full one
-    # (a 23,197-slot pool fills its third tile only after the first two: uniform routing gets there).
+    # (a 23,197-slot pool fills its last chunks only after the first: uniform routing gets there).
     rng = np.random.default_rng(num_slots)
     cache = ExpertSlotCache(L, E, num_slots, mode=mode, device=DEVICE)
     ref = LruReference(L, E, num_slots, per_layer=mode == "per-layer")
@@ -153,3 +153,7 @@ def test_reset_and_rebuild() -> None:
         FetchPolicy()
     with pytest.raises(ValueError, match="rounding='nearest' is unknown"):
         FetchPolicy(fraction=0.5, rounding="nearest")
+    with pytest.raises(ValueError, match="a pool range holds at most 2\\^24 - 1 slots"):
+        ExpertSlotCache(1, 8, 1 << 24, device=DEVICE)
+    with pytest.raises(ValueError, match="cpu_gbs must be a finite number > 0"):
+        FetchPolicy(fraction=0.5, cpu_gbs=float("inf"))
