@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from ft_moe_runtime.cache import ExpertSlotCache, FetchPolicy, LruReference
+from ft_moe_runtime.cache import COUNTERS, ExpertSlotCache, FetchPolicy, LruReference
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
@@ -80,6 +80,10 @@ def test_overflow_without_clamp_is_counted() -> None:
     ids = torch.tensor([[0, 1, 2, 3, 4, 5]], dtype=torch.int32, device=DEVICE)
     cache.ensure_experts(0, ids, clamp=False)
     assert cache.stats()["overflow"] == 2 and cache.stats()["cpu_routes"] == 2
+    host = cache.counters_async()
+    if DEVICE == "cuda":
+        torch.cuda.current_stream().synchronize()
+    assert dict(zip(COUNTERS, host.tolist(), strict=True)) == cache.stats()
     assert ids.tolist() == [[0, 1, 2, 3, -1, -1]]
 
 

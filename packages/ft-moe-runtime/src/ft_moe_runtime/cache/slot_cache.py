@@ -87,6 +87,7 @@ class ExpertSlotCache:
         self.plan_count = torch.zeros(1, dtype=torch.int32, device=dev)
         self.counters = torch.zeros(len(COUNTERS), dtype=torch.int64, device=dev)
         self.arrive = torch.zeros(1, dtype=torch.int32, device=dev)  # programs of the running call
+        self._host_counters: torch.Tensor | None = None
         self._cand = torch.empty(1, dtype=torch.int64, device=dev)  # victim proposals (multi-chunk pools)
 
     def reset(self) -> None:
@@ -117,6 +118,16 @@ class ExpertSlotCache:
     def stats(self) -> dict[str, int]:
         """The device counters (one sync)."""
         return dict(zip(COUNTERS, self.counters.tolist(), strict=True))
+
+    def counters_async(self) -> torch.Tensor:
+        """Enqueue a copy of the counters (COUNTERS order) into a pinned host tensor on the current
+        stream and return it without a sync: its values are valid once the stream has passed this
+        point (e.g. after the step's own synchronization). May be captured (a device-to-host copy)."""
+        if self._host_counters is None:
+            pin = self.device.type == "cuda"
+            self._host_counters = torch.zeros(len(COUNTERS), dtype=torch.int64, pin_memory=pin)
+        self._host_counters.copy_(self.counters, non_blocking=True)
+        return self._host_counters
 
     def plan(self) -> list[tuple[int, int]]:
         """The last call's copy plan as (slot, (layer, expert) key) pairs (one sync)."""
