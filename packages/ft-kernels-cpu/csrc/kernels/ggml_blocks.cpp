@@ -286,12 +286,13 @@ struct V {
 
 // ---- avx512_bf16 tier: int8 activations (Q8Ref) and VPDPBUSD ----
 //
-// Each VPDPBUSD lane sums 4 products of unsigned and signed bytes into int32, exactly. Q4_0, Q8_0
-// and Q6_K make their weight codes signed (code - offset) and take x as unsigned (x code + 128):
-// the lane starts from -128 * (sum of its 4 weights), computed once per weight block for all
-// vectors, so each vector costs one load and one VPDPBUSD per 64 elements. Q4_K/Q5_K codes are
-// unsigned already (their offsets are the min terms) and take x signed. Q4_0/Q8_0 lanes are then
-// scaled in fp32 by (weight scale of their block) * dx of their block (x in groups of 32).
+// Each VPDPBUSD lane sums 4 products of unsigned and signed bytes into int32, exactly. Q8_0 and Q6_K
+// make their weight codes signed (code - offset) and take x as unsigned (x code + 128): the lane
+// starts from -128 * (sum of its 4 weights), computed once per weight block for all vectors, so each
+// vector costs one load and one VPDPBUSD per 64 elements. Q4_0, Q4_K and Q5_K codes stay unsigned and
+// take x signed (Q4_0's offset 8 is in x's precomputed lane starts, the K-quants' offsets are their min
+// terms). Q8_0 lanes are scaled in fp32 by (weight scale of their block) * dx of their block (x in
+// groups of 32), Q4_0 lanes by their block's scale and the group's sum by dx (groups of 256).
 #if defined(__clang__)
 #pragma clang attribute push(                                                                            \
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,fma,f16c"))), \
@@ -347,41 +348,92 @@ inline float load_f32(const uint8_t* p) {
 
 inline __m512 f16_bcast(const uint8_t* p) { return _mm512_set1_ps(_cvtsh_ss(load_u16(p))); }
 
-// Q4_0 with x in groups of 256 (one dx per group): unsigned codes 0..15 against signed x, per
-// 64 elements and vector one VPDPBUSD, one conversion and one FMA by the two blocks' fp16 scales
-// (converted 8 at a time, once per group for all vectors); the offset -8 of the codes is taken out
-// once per group and vector by the blocks' precomputed -8 * (sum of x codes) (Q8 vector's bs) times
-// the 8 scales; the group's sum is multiplied by dx at its end.
+// Q4_0 against x in the Q4_0 layout (q4_0_xq_* in ggml_blocks.h): a group of 8 blocks (144 bytes)
+// is three loads; one word permute per 4 blocks gathers their 64 code bytes in block order (qs of
+// blocks 4c..4c+3, 16 bytes each: low nibbles are elements 0..15 of each block, high nibbles 16..31,
+// which is the order of x's lo and hi halves), one more gathers the 8 fp16 scales, each repeated on
+// its block's 4 lanes. Per 4 blocks and vector: two VPDPBUSD into int32 lanes that start at the
+// precomputed -8 * (sum of the lane's x codes), one conversion, one FMA by the scales; the group's
+// sum is multiplied by dx at its end.
 struct Q4_0 {
   static constexpr int elems = 32, bytes = 18;
-  // The fp16 scales of the nblk <= 8 blocks at p as fp32 lanes 0..nblk-1 (others 0): words 9i of the
-  // 128 bytes from p (masked: nothing past the group's last block is read).
-  static inline __m512 scales8(const uint8_t* p, int nblk) {
-    const int n = nblk * bytes;
-    const __mmask64 m0 = n >= 64 ? ~0ull : (1ull << n) - 1;
-    const __mmask64 m1 = n >= 128 ? ~0ull : n <= 64 ? 0ull : (1ull << (n - 64)) - 1;
-    const __m512i a = _mm512_maskz_loadu_epi8(m0, p), b = _mm512_maskz_loadu_epi8(m1, p + 64);
-    const __m512i idx = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 63, 54,
-                                         45, 36, 27, 18, 9, 0);
-    const __m128i h = _mm512_castsi512_si128(_mm512_permutex2var_epi16(a, idx, b));
-    return _mm512_maskz_mov_ps(static_cast<__mmask16>((1u << nblk) - 1), _mm512_cvtph_ps(_mm256_castsi128_si256(h)));
+  // Word permute indices (vpermt2w: 0..31 the first table, 32..63 the second).
+  // Codes of blocks 0..3 from (p, p + 64): word (18 bb + 2 + 2 w2) / 2 = 9 bb + 1 + w2.
+  static inline __m512i idx_codes0() {
+    alignas(64) int16_t v[32];
+    for (int i = 0; i < 32; ++i) v[i] = static_cast<int16_t>(9 * (i / 8) + 1 + i % 8);
+    return _mm512_load_si512(v);
   }
-  static inline __m512i codes(const uint8_t* p, bool two) {
-    __m512i raw = _mm512_broadcast_i32x4(ld128(p + 2));
-    if (two) raw = _mm512_mask_broadcast_i32x4(raw, 0xff00, ld128(p + 20));
-    // high nibbles in the 128-bit lanes 1 and 3 (an immediate shift under a word mask)
-    return _mm512_and_si512(_mm512_mask_srli_epi16(raw, 0xff00ff00u, raw, 4), _mm512_set1_epi8(15));
+  // Codes of blocks 4..7 from (p + 64, p + 128): bytes 72 + 18 bb + 2 + 2 w2 - 64 = 10 + 18 bb + 2 w2.
+  static inline __m512i idx_codes1() {
+    alignas(64) int16_t v[32];
+    for (int i = 0; i < 32; ++i) v[i] = static_cast<int16_t>(5 + 9 * (i / 8) + i % 8);
+    return _mm512_load_si512(v);
   }
-  // gacc[j] += cvt(sum codes * x_j) * ws over the 64 (two blocks) or 32 elements at k (the upper 8
-  // lanes of ws are 0 for one block).
-  template <int NV>
-  static inline void dot(__m512i c, __m512 ws, const Q8Ref* xs, int k, bool two, __m512* gacc) {
-    for (int j = 0; j < NV; ++j) {
-      const __m512i xv = two ? ld512(xs[j].q + k) : _mm512_maskz_loadu_epi8(0xffffffffull, xs[j].q + k);
-      gacc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), c, xv)), ws, gacc[j]);
-    }
+  // Scales of blocks 0..7 from (p, p + 64), each 4 times: word 9 b, b = i / 4.
+  static inline __m512i idx_scales() {
+    alignas(64) int16_t v[32];
+    for (int i = 0; i < 32; ++i) v[i] = static_cast<int16_t>(9 * (i / 4));
+    return _mm512_load_si512(v);
   }
 };
+
+// One group of nblk <= 8 blocks at p against the vectors' group records at xo (byte offset).
+template <int NV>
+__attribute__((always_inline)) inline void q4_0_group(const uint8_t* p, int nblk, const Q8Ref* xs, size_t xo,
+                                                      __m512i ic0, __m512i ic1, __m512i isc, __m512* acc) {
+  __m512i a, b, c;
+  if (nblk == 8) {
+    a = ld512(p);
+    b = ld512(p + 64);
+    c = _mm512_castsi128_si512(ld128(p + 128));
+  } else {  // masked: nothing past the row's last block is read; missing blocks are zero (scale 0)
+    const int n = nblk * Q4_0::bytes;
+    const __mmask64 m0 = n >= 64 ? ~0ull : (1ull << n) - 1;
+    const __mmask64 m1 = n >= 128 ? ~0ull : n <= 64 ? 0ull : (1ull << (n - 64)) - 1;
+    const __mmask64 m2 = n <= 128 ? 0ull : (1ull << (n - 128)) - 1;
+    a = _mm512_maskz_loadu_epi8(m0, p);
+    b = _mm512_maskz_loadu_epi8(m1, p + 64);
+    c = _mm512_maskz_loadu_epi8(m2, p + 128);
+  }
+  const __m512i q0 = _mm512_permutex2var_epi16(a, ic0, b), q1 = _mm512_permutex2var_epi16(b, ic1, c);
+  const __m512i sw = _mm512_permutex2var_epi16(a, isc, b);
+  const __m512 ws0 = _mm512_cvtph_ps(_mm512_castsi512_si256(sw));
+  const __m512 ws1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(sw, 1));
+  const __m512i m = _mm512_set1_epi8(15);
+  const __m512i l0 = _mm512_and_si512(q0, m), h0 = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m);
+  const __m512i l1 = _mm512_and_si512(q1, m), h1 = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m);
+  for (int j = 0; j < NV; ++j) {
+    const uint8_t* x = xs[j].q + xo;
+    const __m512i s0 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ld512(x + 256), l0, ld512(x)), h0, ld512(x + 64));
+    const __m512i s1 =
+        _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ld512(x + 320), l1, ld512(x + 128)), h1, ld512(x + 192));
+    const __m512 g = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), ws1, _mm512_mul_ps(_mm512_cvtepi32_ps(s0), ws0));
+    acc[j] = _mm512_fmadd_ps(g, _mm512_set1_ps(load_f32(x + 384)), acc[j]);
+  }
+}
+
+template <int NV>
+void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
+  const int nb = K / 32, nfull = nb / 8;
+  const __m512i ic0 = Q4_0::idx_codes0(), ic1 = Q4_0::idx_codes1(), isc = Q4_0::idx_scales();
+  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * Q4_0::bytes, prefetch);
+  for (int r = 0; r < nrows; ++r) {
+    const uint8_t* w = W + r * ld;
+    __m512 acc[NV];
+    for (int j = 0; j < NV; ++j) acc[j] = _mm512_setzero_ps();
+    int g = 0;
+    for (; g < nfull; ++g) {
+      if (prefetch) pf.advance(w + g * 144);
+      q4_0_group<NV>(w + g * 144, 8, xs, static_cast<size_t>(g) * kQ4_0XGroupBytes, ic0, ic1, isc, acc);
+    }
+    if (8 * g < nb) {
+      if (prefetch) pf.advance(w + g * 144);
+      q4_0_group<NV>(w + g * 144, nb - 8 * g, xs, static_cast<size_t>(g) * kQ4_0XGroupBytes, ic0, ic1, isc, acc);
+    }
+    for (int j = 0; j < NV; ++j) out[j * os + r] = _mm512_reduce_add_ps(acc[j]);
+  }
+}
 
 // Q8_0: int8 codes as they are.
 struct Q8_0 {
@@ -400,58 +452,6 @@ struct Q8_0 {
     dot32<NV>(w, unsigned_x_start(w), f16_bcast(p), xs, K, k, acc);
   }
 };
-
-// One group of nblk <= 8 Q4_0 blocks at g (x elements from k) into acc (inlined so that full groups
-// get nblk = 8 as a constant: constant masks, unrolled pairs).
-template <int NV>
-__attribute__((always_inline)) inline void q4_0_group(const uint8_t* g, int nblk, const Q8Ref* xs, int K, int k,
-                                                      __m512* acc, StreamPrefetchCursor& pf, int prefetch) {
-  const __m512 d8 = Q4_0::scales8(g, nblk);
-  const int bs_at = 2 * K + K / 8 + k / 8;
-  // two FMA chains per vector where there are few vectors (the FMA latency, not the ports, bounds one)
-  constexpr int C = NV <= 2 ? 2 : 1;
-  __m512 gacc[C][NV];
-  // the offsets: -8 * sum_b d_b * (sum of the x codes of block b)
-  for (int j = 0; j < NV; ++j) {
-    if (C == 2) gacc[C - 1][j] = _mm512_setzero_ps();
-    gacc[0][j] = _mm512_mul_ps(d8, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(
-                                    static_cast<__mmask8>((1u << nblk) - 1),
-                                    reinterpret_cast<const float*>(xs[j].q + bs_at))));
-  }
-  int i = 0;
-#pragma GCC unroll 4
-  for (; i + 2 <= nblk; i += 2) {
-    if (prefetch) pf.advance(g + i * Q4_0::bytes);
-    const __m512i idx = _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32(i), _mm512_set1_epi32(i + 1));
-    Q4_0::dot<NV>(Q4_0::codes(g + i * Q4_0::bytes, true), _mm512_permutexvar_ps(idx, d8), xs, k + 32 * i, true,
-                  gacc[(i / 2) % C]);
-  }
-  if (i < nblk) {
-    Q4_0::dot<NV>(Q4_0::codes(g + i * Q4_0::bytes, false),
-                  _mm512_maskz_permutexvar_ps(0x00ff, _mm512_set1_epi32(i), d8), xs, k + 32 * i, false,
-                  gacc[(i / 2) % C]);
-  }
-  for (int j = 0; j < NV; ++j) {
-    if (C == 2) gacc[0][j] = _mm512_add_ps(gacc[0][j], gacc[C - 1][j]);
-    acc[j] = _mm512_fmadd_ps(gacc[0][j], _mm512_set1_ps(load_f32(xs[j].q + K + k)), acc[j]);
-  }
-}
-
-// Q4_0 with x in groups of 256 (the last group of a row may be shorter, whole blocks).
-template <int NV>
-void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
-  const int nb = K / 32;
-  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * Q4_0::bytes, prefetch);
-  for (int r = 0; r < nrows; ++r) {
-    const uint8_t* w = W + r * ld;
-    __m512 acc[NV];
-    for (int j = 0; j < NV; ++j) acc[j] = _mm512_setzero_ps();
-    int b0 = 0;
-    for (; b0 + 8 <= nb; b0 += 8) q4_0_group<NV>(w + b0 * Q4_0::bytes, 8, xs, K, 32 * b0, acc, pf, prefetch);
-    if (b0 < nb) q4_0_group<NV>(w + b0 * Q4_0::bytes, nb - b0, xs, K, 32 * b0, acc, pf, prefetch);
-    for (int j = 0; j < NV; ++j) out[j * os + r] = _mm512_reduce_add_ps(acc[j]);
-  }
-}
 
 template <class T, int NV>
 void rows32(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
@@ -600,42 +600,64 @@ void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, flo
 
 }  // namespace
 
-void quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int lane_off, void* base) {
+// The int8 codes of the group x[0, n) (n a multiple of 32) into q (n bytes, xor `flip`); returns dx.
+inline float quantize_group(const float* x, int n, uint8_t* q, __m256i flip) {
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  __m512 mx = _mm512_setzero_ps();
+  for (int k = 0; k < n; k += 16) mx = _mm512_max_ps(mx, _mm512_and_ps(_mm512_loadu_ps(x + k), absmask));
+  const float amax = _mm512_reduce_max_ps(mx);
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  const __m512 vinv = _mm512_set1_ps(inv);
+  const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
+  for (int k = 0; k < n; k += 32) {
+    // round half to even (MXCSR default), |x * inv| <= 127 up to rounding: clamp, then narrow
+    const __m512i q0 = _mm512_max_epi32(
+        _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k), vinv)), lim), nlim);
+    const __m512i q1 = _mm512_max_epi32(
+        _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k + 16), vinv)), lim), nlim);
+    const __m256i qb =
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtepi32_epi8(q0)), _mm512_cvtepi32_epi8(q1), 1);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k), _mm256_xor_si256(qb, flip));
+  }
+  return amax / 127.f;
+}
+
+void quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, void* base) {
   auto* b = static_cast<uint8_t*>(base);
-  uint8_t* q = b;
   auto* dl = reinterpret_cast<float*>(b + K);
   auto* xsum = reinterpret_cast<float*>(b + 2 * static_cast<size_t>(K));
-  auto* bs = reinterpret_cast<float*>(b + 2 * static_cast<size_t>(K) + K / 8);
   const __m256i flip = _mm256_set1_epi8(unsigned_x ? static_cast<char>(0x80) : 0);
-  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   for (int g = k0; g < k1; g += G) {
     const int ge = std::min(g + G, k1);  // a shorter last group (whole 32-blocks)
-    __m512 mx = _mm512_setzero_ps();
-    for (int k = g; k < ge; k += 16) mx = _mm512_max_ps(mx, _mm512_and_ps(_mm512_loadu_ps(x + k), absmask));
-    const float amax = _mm512_reduce_max_ps(mx);
-    const float dx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
-    const __m512 vinv = _mm512_set1_ps(inv);
+    const float dx = quantize_group(x + g, ge - g, b + g, flip);
     for (int k = g; k < ge; k += 32) {
-      const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
-      xsum[k / 32] = _mm512_reduce_add_ps(_mm512_add_ps(x0, x1));
-      // round half to even (MXCSR default), |x * inv| <= 127 up to rounding: clamp, then narrow
-      const __m512i lim = _mm512_set1_epi32(127);
-      const __m512i q0 = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x0, vinv)), lim),
-                                          _mm512_sub_epi32(_mm512_setzero_si512(), lim));
-      const __m512i q1 = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x1, vinv)), lim),
-                                          _mm512_sub_epi32(_mm512_setzero_si512(), lim));
-      const __m256i qb = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtepi32_epi8(q0)),
-                                                 _mm512_cvtepi32_epi8(q1), 1);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k), _mm256_xor_si256(qb, flip));
-      if (lane_off != 0) {
-        alignas(32) int32_t l4[8];  // sums of 4 codes
-        _mm256_store_si256(reinterpret_cast<__m256i*>(l4),
-                           _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), qb));
-        const int32_t s0 = l4[0] + l4[1] + l4[2] + l4[3], s1 = l4[4] + l4[5] + l4[6] + l4[7];
-        bs[k / 32] = static_cast<float>(-lane_off * (s0 + s1));
-      }
+      xsum[k / 32] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(x + k), _mm512_loadu_ps(x + k + 16)));
       _mm256_storeu_ps(dl + k / 4, _mm256_set1_ps(dx));
     }
+  }
+}
+
+void quantize_q4_0(const float* x, int k0, int k1, void* base) {
+  for (int g = k0; g < k1; g += 256) {
+    uint8_t* rec = static_cast<uint8_t*>(base) + static_cast<size_t>(g / 256) * kQ4_0XGroupBytes;
+    const int n = std::min(256, k1 - g);
+    alignas(64) uint8_t codes[256];
+    std::memset(codes, 0, sizeof codes);
+    const float dx = quantize_group(x + g, n, codes, _mm256_setzero_si256());
+    // block b's elements 0..15 to bytes 128 (b / 4) + 16 (b % 4), 16..31 to 64 bytes further
+    for (int blk = 0; blk < 8; ++blk) {
+      uint8_t* dst = rec + 128 * (blk / 4) + 16 * (blk % 4);
+      std::memcpy(dst, codes + 32 * blk, 16);
+      std::memcpy(dst + 64, codes + 32 * blk + 16, 16);
+    }
+    for (int c = 0; c < 2; ++c) {
+      const __m512i lo = ld512(rec + 128 * c), hi = ld512(rec + 128 * c + 64);
+      const __m512i one = _mm512_set1_epi8(1);
+      const __m512i sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), one, lo), one, hi);
+      _mm512_storeu_si512(rec + 256 + 64 * c, _mm512_mullo_epi32(sum, _mm512_set1_epi32(-8)));
+    }
+    std::memset(rec + 384, 0, kQ4_0XGroupBytes - 384);
+    std::memcpy(rec + 384, &dx, sizeof dx);
   }
 }
 
@@ -688,7 +710,7 @@ namespace {
 // conversion).
 const TypeInfo kTypes[] = {
     {8, "Q8_0", 32, 34, FT_GGML_TIERS((rows_scalar<32, 34, deq_q8_0>), Q8_0), FT_GGML_Q8(q8_32, Q8_0), true, 32, 0},
-    {2, "Q4_0", 32, 18, FT_GGML_TIERS((rows_scalar<32, 18, deq_q4_0>), Q4_0), FT_GGML_Q8_Q4_0, false, 256, 8},
+    {2, "Q4_0", 32, 18, FT_GGML_TIERS((rows_scalar<32, 18, deq_q4_0>), Q4_0), FT_GGML_Q8_Q4_0, false, 256, kQ8Q4_0},
     {30, "BF16", 1, 2, {rows_bf16<Isa::scalar>, rows_bf16<Isa::avx2>, rows_bf16<Isa::avx512>, rows_bf16<Isa::avx512>},
      {multi_bf16<Isa::scalar>, multi_bf16<Isa::avx2>, multi_bf16<Isa::avx512>, multi_bf16<Isa::avx512>}, nullptr, false,
      32, 0},
@@ -738,11 +760,13 @@ size_t row_bytes(const std::string& context, const TypeInfo& t, long long K, con
 }
 
 #if FT_X86
-void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int lane_off, void* base) {
-  vnni::quantize(x, k0, k1, K, G, unsigned_x, lane_off, base);
+void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, void* base) {
+  vnni::quantize(x, k0, k1, K, G, unsigned_x, base);
 }
+void q4_0_xq_quantize(const float* x, int k0, int k1, void* base) { vnni::quantize_q4_0(x, k0, k1, base); }
 #else
-void q8_quantize(const float*, int, int, int, int, bool, int, void*) { throw Error("q8_quantize needs AVX-512"); }
+void q8_quantize(const float*, int, int, int, int, bool, void*) { throw Error("q8_quantize needs AVX-512"); }
+void q4_0_xq_quantize(const float*, int, int, void*) { throw Error("q4_0_xq_quantize needs AVX-512"); }
 #endif
 
 GgmlMoeFormat::GgmlMoeFormat(const MoeParams& p, const Matrix& gate, const Matrix& up, const Matrix& down)
@@ -752,20 +776,30 @@ GgmlMoeFormat::GgmlMoeFormat(const MoeParams& p, const Matrix& gate, const Matri
   down_q8_ = tier && down.type->q8 != nullptr;
 }
 
+size_t GgmlMoeFormat::xq_bytes(const TypeInfo& t, int K) {
+  return t.q8_layout == kQ8Q4_0 ? q4_0_xq_bytes(K) : q8_bytes(K);
+}
+
+void GgmlMoeFormat::xq_quantize(const TypeInfo& t, const float* x, int k0, int k1, int K, void* base) {
+  if (t.q8_layout == kQ8Q4_0) {
+    q4_0_xq_quantize(x, k0, k1, base);
+  } else {
+    q8_quantize(x, k0, k1, K, t.q8_group, t.q8_xu, base);
+  }
+}
+
 void GgmlMoeFormat::prep_input(const TaskInput& in) {
   if (!gu_q8_) return;
   const int H = p_.hidden;
-  const size_t nb = q8_bytes(H);
+  const size_t nb = xq_bytes(*gate_.type, H);
   if (xq_.size() < in.num_tokens * nb) xq_.resize(in.num_tokens * nb);
   for (int t = 0; t < in.num_tokens; ++t) {
-    q8_quantize(in.x_f32 + static_cast<size_t>(t) * H, 0, H, H, gate_.type->q8_group, gate_.type->q8_xu,
-                gate_.type->q8_off,                 xq_.data() + t * nb);
+    xq_quantize(*gate_.type, in.x_f32 + static_cast<size_t>(t) * H, 0, H, H, xq_.data() + t * nb);
   }
 }
 
 void GgmlMoeFormat::prep_inter(const float* h, int i0, int i1, void* prepped) const {
-  if (down_q8_) q8_quantize(h, i0, i1, p_.intermediate, down_.type->q8_group, down_.type->q8_xu, down_.type->q8_off,
-                              prepped);
+  if (down_q8_) xq_quantize(*down_.type, h, i0, i1, p_.intermediate, prepped);
 }
 
 void GgmlMoeFormat::mat_rows(const Matrix& m, bool q8, int e, int r0, int r1, const float* const* xs,
@@ -793,7 +827,7 @@ void GgmlMoeFormat::gate_up_tokens(const TaskInput& in, int e, const int* tokens
   Q8Ref qs[kMaxTokensPerCall];
   for (int j = 0; j < n; ++j) {
     xs[j] = in.x_f32 + static_cast<size_t>(tokens[j]) * H;
-    if (gu_q8_) qs[j] = Q8Ref{xq_.data() + tokens[j] * q8_bytes(H)};
+    if (gu_q8_) qs[j] = Q8Ref{xq_.data() + tokens[j] * xq_bytes(*gate_.type, H)};
   }
   mat_rows(gate_, gu_q8_, e, i0, i1, xs, qs, n, H, gate, stride);
   mat_rows(up_, gu_q8_, e, i0, i1, xs, qs, n, H, up, stride);

@@ -115,7 +115,8 @@ def bench_format(
         )
     log(
         f"# {fmt} {shape_name}: hidden={shape.hidden} intermediate={shape.intermediate} top_k={shape.top_k} "
-        f"batch={batch}, {pool} experts ({pool * expert_bytes / 2**20:.1f} MiB{where}, LLC {llc / 2**20:.0f} MiB)"
+        f"batch={batch}, {pool} experts ({pool * expert_bytes / 2**20:.1f} MiB{where}, "
+        f"LLC {llc / 2**20:.0f} MiB)"
     )
     t0 = time.perf_counter()
     banks = bench_fmt.banks(shape, pool, rng)
@@ -282,7 +283,18 @@ def main(argv: list[str] | None = None) -> int:
     log = lambda s: print(s, file=sys.stderr if a.json else sys.stdout, flush=True)  # noqa: E731
     results = [
         bench_format(
-            f, a.shape, threads, a.batch, a.samples, a.min_time, a.isa, log, a.prefetch, a.routing, a.pool_mib, a.top_k
+            f,
+            a.shape,
+            threads,
+            a.batch,
+            a.samples,
+            a.min_time,
+            a.isa,
+            log,
+            a.prefetch,
+            a.routing,
+            pool_mib=a.pool_mib,
+            top_k=a.top_k,
         )
         for f in formats
     ]
