@@ -478,17 +478,22 @@ void rows32(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, floa
 
 // The 6-bit scales (lanes 0..7) and mins (lanes 8..15) of a Q4_K/Q5_K super-block as int32.
 inline __m512i kquant_scales(const uint8_t* p) {
-  uint32_t a[3];
-  std::memcpy(a, p + 4, 12);
-  const uint32_t lo6 = 0x3f3f3f3fu, lo4 = 0x0f0f0f0fu, top2 = 0x30303030u;
-  const __m128i sm = _mm_setr_epi32(static_cast<int>(a[0] & lo6), static_cast<int>((a[2] & lo4) | ((a[0] >> 2) & top2)),
-                                    static_cast<int>(a[1] & lo6),
-                                    static_cast<int>(((a[2] >> 4) & lo4) | ((a[1] >> 2) & top2)));
+  // 16 bytes from the 12 scale bytes s0..s11 (the rest is the block's next field, unused):
+  //   sc0..3 = s0..3 & 63, sc4..7 = (s8..11 & 15) | (s0..3 >> 6) << 4,
+  //   mn0..3 = s4..7 & 63, mn4..7 = (s8..11 >> 4) | (s4..7 >> 6) << 4
+  const __m128i v = ld128(p + 4);
+  const __m128i a = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+  const __m128i top = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+  const __m128i low = _mm_and_si128(_mm_blend_epi16(a, _mm_srli_epi16(a, 4), 0xC0),
+                                    _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15));
+  const __m128i sm = _mm_or_si128(low, _mm_and_si128(_mm_srli_epi16(top, 2), _mm_set1_epi8(0x30)));
   return _mm512_cvtepu8_epi32(sm);
 }
 
 // Q4_K / Q5_K: codes 0..15 (0..31) per 32-element sub-block with 6-bit scale sc and min m: the min
-// terms dmin * m[s] multiply the fp32 sums of x, 8 lanes per super-block.
+// terms dmin * m[s] multiply the fp32 sums of x, 8 lanes per super-block. x comes in the kQ8KQuant
+// layout (sub-blocks 0, 2, 1, 3, 4, 6, 5, 7 of each super-block): the low nibbles of 64 qs bytes are
+// then sub-blocks 2c and 2c + 2's codes in x's order, the high nibbles 2c + 1 and 2c + 3's.
 template <bool kQ5>
 struct QK45 {
   static constexpr int elems = 256, bytes = kQ5 ? 176 : 144;
@@ -498,38 +503,45 @@ struct QK45 {
     const float d = _cvtsh_ss(load_u16(p));
     const __m256 M = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(sc, 1)),
                                    _mm256_set1_ps(_cvtsh_ss(load_u16(p + 2))));
-    const __m512i sh = _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0x0004000400040004,
-                                        0x0004000400040004, 0, 0, 0, 0);
     const uint8_t* qs = p + (kQ5 ? 48 : 16);
-    __m512i qh = _mm512_setzero_si512();
-    if (kQ5) qh = _mm512_broadcast_i64x4(ld256(p + 16));
-    __m512i iacc[NV];
-    for (int j = 0; j < NV; ++j) iacc[j] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-    for (int jj = 0; jj < 4; ++jj) {
-      __m512i codes =
-          _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(ld256(qs + 32 * jj)), sh), _mm512_set1_epi8(15));
-      if (kQ5) {
-        // bit 2jj of qh[l] for sub-block 2jj (bytes 0..31), bit 2jj + 1 for 2jj + 1 (bytes 32..63)
-        const __m512i bit = _mm512_mask_blend_epi64(0xf0, _mm512_set1_epi8(static_cast<char>(1 << (2 * jj))),
-                                                    _mm512_set1_epi8(static_cast<char>(1 << (2 * jj + 1))));
-        codes = _mm512_mask_add_epi8(codes, _mm512_test_epi8_mask(qh, bit), codes, _mm512_set1_epi8(16));
-      }
-      // lanes 0..7: scale 2jj, lanes 8..15: scale 2jj + 1
-      const __m512i scw = _mm512_permutexvar_epi32(
-          _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32(2 * jj), _mm512_set1_epi32(2 * jj + 1)), sc);
-      for (int j = 0; j < NV; ++j) {
-        const __m512i lane = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, ld512(xs[j].q + k + 64 * jj));
-        iacc[j] = _mm512_dpwssd_epi32(iacc[j], lane, scw);
+    const __m512i m = _mm512_set1_epi8(15);
+    __m512i codes[4];  // sub-blocks (0, 2), (1, 3), (4, 6), (5, 7)
+    for (int c = 0; c < 2; ++c) {
+      const __m512i q = ld512(qs + 64 * c);
+      codes[2 * c] = _mm512_and_si512(q, m);
+      codes[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m);
+    }
+    if (kQ5) {
+      // bit s of qh[l] is bit 4 of element l of sub-block s
+      const __m512i qh = _mm512_broadcast_i64x4(ld256(p + 16));
+      for (int v = 0; v < 4; ++v) {
+        const int s0 = 4 * (v / 2) + v % 2;  // the vector's sub-blocks s0 (bytes 0..31) and s0 + 2
+        const __m512i bit = _mm512_mask_blend_epi64(0xf0, _mm512_set1_epi8(static_cast<char>(1 << s0)),
+                                                    _mm512_set1_epi8(static_cast<char>(1 << (s0 + 2))));
+        codes[v] = _mm512_mask_add_epi8(codes[v], _mm512_test_epi8_mask(qh, bit), codes[v], _mm512_set1_epi8(16));
       }
     }
+    __m512i scw[4];
+    for (int v = 0; v < 4; ++v) {
+      const int s0 = 4 * (v / 2) + v % 2;
+      scw[v] = _mm512_permutexvar_epi32(
+          _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32(s0), _mm512_set1_epi32(s0 + 2)), sc);
+    }
     for (int j = 0; j < NV; ++j) {
-      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[j]), _mm512_set1_ps(d * load_f32(xs[j].q + K + k)), acc[j]);
+      const uint8_t* x = xs[j].q + k;
+      // two chains (the VPDPWSSD latency)
+      __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[0], ld512(x));
+      __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[2], ld512(x + 128));
+      i0 = _mm512_madd_epi16(i0, scw[0]);
+      i1 = _mm512_madd_epi16(i1, scw[2]);
+      i0 = _mm512_dpwssd_epi32(i0, _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[1], ld512(x + 64)), scw[1]);
+      i1 = _mm512_dpwssd_epi32(i1, _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[3], ld512(x + 192)), scw[3]);
+      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)),
+                               _mm512_set1_ps(d * load_f32(xs[j].q + K + k)), acc[j]);
       off[j] = _mm256_fmadd_ps(M, _mm256_loadu_ps(reinterpret_cast<const float*>(xs[j].q + 2 * K + k / 8)), off[j]);
     }
   }
 };
-
 // Q6_K: codes 0..63 - 32 (signed, x unsigned), an int8 scale per 16 elements (4 lanes).
 struct Q6K {
   static constexpr int elems = 256, bytes = 210;
@@ -622,14 +634,25 @@ inline float quantize_group(const float* x, int n, uint8_t* q, __m256i flip) {
   return amax / 127.f;
 }
 
-void quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, void* base) {
+void quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, bool kquant_order, void* base) {
   auto* b = static_cast<uint8_t*>(base);
   auto* dl = reinterpret_cast<float*>(b + K);
   auto* xsum = reinterpret_cast<float*>(b + 2 * static_cast<size_t>(K));
   const __m256i flip = _mm256_set1_epi8(unsigned_x ? static_cast<char>(0x80) : 0);
   for (int g = k0; g < k1; g += G) {
     const int ge = std::min(g + G, k1);  // a shorter last group (whole 32-blocks)
-    const float dx = quantize_group(x + g, ge - g, b + g, flip);
+    float dx;
+    if (kquant_order && ge - g == 256) {
+      alignas(64) uint8_t codes[256];
+      dx = quantize_group(x + g, 256, codes, flip);
+      // sub-blocks 0, 2, 1, 3, 4, 6, 5, 7
+      for (int sb = 0; sb < 8; ++sb) {
+        const int pos = 4 * (sb / 4) + 2 * (sb % 2) + (sb % 4) / 2;
+        std::memcpy(b + g + 32 * pos, codes + 32 * sb, 32);
+      }
+    } else {
+      dx = quantize_group(x + g, ge - g, b + g, flip);
+    }
     for (int k = g; k < ge; k += 32) {
       xsum[k / 32] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(x + k), _mm512_loadu_ps(x + k + 16)));
       _mm256_storeu_ps(dl + k / 4, _mm256_set1_ps(dx));
@@ -717,11 +740,11 @@ const TypeInfo kTypes[] = {
     {1, "F16", 1, 2, FT_GGML_F16_TIERS, nullptr, false, 32, 0},
     {39, "MXFP4", 32, 17, FT_GGML_TIERS((rows_scalar<32, 17, deq_mxfp4>), MXFP4), nullptr, false, 32, 0},
     {12, "Q4_K", 256, 144, FT_GGML_TIERS((rows_scalar<256, 144, deq_q4_k>), Q4_K), FT_GGML_Q8(q8_256, QK45<false>),
-     false, 256, 0},
+     false, 256, kQ8KQuant},
     {14, "Q6_K", 256, 210, FT_GGML_TIERS((rows_scalar<256, 210, deq_q6_k>), Q6_K), FT_GGML_Q8(q8_256, Q6K), true,
      256, 0},
     {13, "Q5_K", 256, 176, FT_GGML_TIERS((rows_scalar<256, 176, deq_q5_k>), Q5_K), FT_GGML_Q8(q8_256, QK45<true>),
-     false, 256, 0},
+     false, 256, kQ8KQuant},
 };
 
 }  // namespace
@@ -760,12 +783,12 @@ size_t row_bytes(const std::string& context, const TypeInfo& t, long long K, con
 }
 
 #if FT_X86
-void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, void* base) {
-  vnni::quantize(x, k0, k1, K, G, unsigned_x, base);
+void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, bool kquant_order, void* base) {
+  vnni::quantize(x, k0, k1, K, G, unsigned_x, kquant_order, base);
 }
 void q4_0_xq_quantize(const float* x, int k0, int k1, void* base) { vnni::quantize_q4_0(x, k0, k1, base); }
 #else
-void q8_quantize(const float*, int, int, int, int, bool, void*) { throw Error("q8_quantize needs AVX-512"); }
+void q8_quantize(const float*, int, int, int, int, bool, bool, void*) { throw Error("q8_quantize needs AVX-512"); }
 void q4_0_xq_quantize(const float*, int, int, void*) { throw Error("q4_0_xq_quantize needs AVX-512"); }
 #endif
 
@@ -784,7 +807,7 @@ void GgmlMoeFormat::xq_quantize(const TypeInfo& t, const float* x, int k0, int k
   if (t.q8_layout == kQ8Q4_0) {
     q4_0_xq_quantize(x, k0, k1, base);
   } else {
-    q8_quantize(x, k0, k1, K, t.q8_group, t.q8_xu, base);
+    q8_quantize(x, k0, k1, K, t.q8_group, t.q8_xu, t.q8_layout == kQ8KQuant, base);
   }
 }
 
