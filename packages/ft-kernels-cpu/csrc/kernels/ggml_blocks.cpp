@@ -542,13 +542,17 @@ struct QK45 {
     }
   }
 };
-// Q6_K: codes 0..63 - 32 (signed, x unsigned), an int8 scale per 16 elements (4 lanes).
+// Q6_K: unsigned codes 0..63 against signed x (lanes <= 4 * 63 * 127 fit VPDPWSSD's int16), an int8
+// scale per 16 elements (4 lanes); the offset -32 is one more VPDPWSSD per block and vector: x's
+// int16 code sums per 16 elements (kQ8Q6K layout) times the block's scales * -32.
 struct Q6K {
   static constexpr int elems = 256, bytes = 210;
   template <int NV>
   static inline void block(const uint8_t* p, const Q8Ref* xs, int K, int k, __m512* acc, __m256* /*off*/) {
+    const __m128i s8 = ld128(p + 192);
     // int8 scales sign-extended, high words cleared (VPDPWSSD multiplies word pairs)
-    const __m512i sc = _mm512_and_si512(_mm512_cvtepi8_epi32(ld128(p + 192)), _mm512_set1_epi32(0xffff));
+    const __m512i sc = _mm512_and_si512(_mm512_cvtepi8_epi32(s8), _mm512_set1_epi32(0xffff));
+    const __m512i scm = _mm512_zextsi256_si512(_mm256_mullo_epi16(_mm256_cvtepi8_epi16(s8), _mm256_set1_epi16(-32)));
     const float d = _cvtsh_ss(load_u16(p + 208));
     const __m512i shl = _mm512_set_epi64(0x0002000200020002, 0x0002000200020002, 0x0002000200020002,
                                          0x0002000200020002, 0x0004000400040004, 0x0004000400040004,
@@ -556,39 +560,34 @@ struct Q6K {
     const __m512i shr = _mm512_set_epi64(0x0002000200020002, 0x0002000200020002, 0x0002000200020002,
                                          0x0002000200020002, 0, 0, 0, 0);
     const __m512i m0f = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
-    __m512i iacc[NV];
-    for (int j = 0; j < NV; ++j) iacc[j] = _mm512_setzero_si512();
-#pragma GCC unroll 2
+    __m512i cv[4], scw[4];  // elements 64g..64g+63 use scales 4g..4g+3, 4 lanes each
     for (int h = 0; h < 2; ++h) {
       const __m512i ql = ld512(p + 64 * h);
       const __m512i hz = _mm512_broadcast_i64x4(ld256(p + 128 + 32 * h));
       // codes (a & b) | c: 0xEA
-      const __m512i lo = _mm512_ternarylogic_epi32(ql, m0f, _mm512_and_si512(_mm512_sllv_epi16(hz, shl), m30), 0xEA);
-      const __m512i hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), m0f,
-                                                   _mm512_and_si512(_mm512_srlv_epi16(hz, shr), m30), 0xEA);
-#pragma GCC unroll 2
-      for (int g2 = 0; g2 < 2; ++g2) {
-        const int g = 2 * h + g2;  // elements 64g..64g+63 use scales 4g..4g+3, 4 lanes each
-        const __m512i idx = _mm512_set_epi32(4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 2, 4 * g + 2,
-                                             4 * g + 2, 4 * g + 2, 4 * g + 1, 4 * g + 1, 4 * g + 1, 4 * g + 1,
-                                             4 * g, 4 * g, 4 * g, 4 * g);
-        const __m512i scw = _mm512_permutexvar_epi32(idx, sc);
-        const int kg = k + 64 * g;
-        const __m512i codes = g2 ? hi : lo;
-        const __m512i w = _mm512_sub_epi8(codes, _mm512_set1_epi8(32));
-        const __m512i start = unsigned_x_start(codes, 32);
-        for (int j = 0; j < NV; ++j) {
-          const __m512i lane = _mm512_dpbusd_epi32(start, ld512(xs[j].q + kg), w);
-          iacc[j] = _mm512_dpwssd_epi32(iacc[j], lane, scw);
-        }
-      }
+      cv[2 * h] = _mm512_ternarylogic_epi32(ql, m0f, _mm512_and_si512(_mm512_sllv_epi16(hz, shl), m30), 0xEA);
+      cv[2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), m0f,
+                                                _mm512_and_si512(_mm512_srlv_epi16(hz, shr), m30), 0xEA);
+    }
+    for (int g = 0; g < 4; ++g) {
+      const __m512i idx = _mm512_set_epi32(4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 2, 4 * g + 2,
+                                           4 * g + 2, 4 * g + 2, 4 * g + 1, 4 * g + 1, 4 * g + 1, 4 * g + 1,
+                                           4 * g, 4 * g, 4 * g, 4 * g);
+      scw[g] = _mm512_permutexvar_epi32(idx, sc);
     }
     for (int j = 0; j < NV; ++j) {
-      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[j]), _mm512_set1_ps(d * load_f32(xs[j].q + K + k)), acc[j]);
+      const uint8_t* x = xs[j].q + k;
+      const __m512i z = _mm512_setzero_si512();
+      __m512i i0 = _mm512_madd_epi16(_mm512_dpbusd_epi32(z, cv[0], ld512(x)), scw[0]);
+      __m512i i1 = _mm512_madd_epi16(_mm512_dpbusd_epi32(z, cv[1], ld512(x + 64)), scw[1]);
+      i0 = _mm512_dpwssd_epi32(i0, _mm512_dpbusd_epi32(z, cv[2], ld512(x + 128)), scw[2]);
+      i1 = _mm512_dpwssd_epi32(i1, _mm512_dpbusd_epi32(z, cv[3], ld512(x + 192)), scw[3]);
+      i0 = _mm512_dpwssd_epi32(i0, _mm512_zextsi256_si512(ld256(xs[j].q + 2 * K + k / 8)), scm);
+      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)),
+                               _mm512_set1_ps(d * load_f32(xs[j].q + K + k)), acc[j]);
     }
   }
 };
-
 template <class T, int NV>
 void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
   const int nb = K / 256;
@@ -634,7 +633,7 @@ inline float quantize_group(const float* x, int n, uint8_t* q, __m256i flip) {
   return amax / 127.f;
 }
 
-void quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, bool kquant_order, void* base) {
+void quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int layout, void* base) {
   auto* b = static_cast<uint8_t*>(base);
   auto* dl = reinterpret_cast<float*>(b + K);
   auto* xsum = reinterpret_cast<float*>(b + 2 * static_cast<size_t>(K));
@@ -642,7 +641,7 @@ void quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, boo
   for (int g = k0; g < k1; g += G) {
     const int ge = std::min(g + G, k1);  // a shorter last group (whole 32-blocks)
     float dx;
-    if (kquant_order && ge - g == 256) {
+    if (layout == kQ8KQuant && ge - g == 256) {
       alignas(64) uint8_t codes[256];
       dx = quantize_group(x + g, 256, codes, flip);
       // sub-blocks 0, 2, 1, 3, 4, 6, 5, 7
@@ -654,7 +653,16 @@ void quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, boo
       dx = quantize_group(x + g, ge - g, b + g, flip);
     }
     for (int k = g; k < ge; k += 32) {
-      xsum[k / 32] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(x + k), _mm512_loadu_ps(x + k + 16)));
+      if (layout == kQ8Q6K) {  // int16 sums of the codes per 16 elements in xsum's place
+        auto* cs = reinterpret_cast<int16_t*>(xsum) + k / 16;
+        for (int h = 0; h < 2; ++h) {
+          int sum = 0;
+          for (int i = 0; i < 16; ++i) sum += static_cast<int8_t>(b[k + 16 * h + i]);
+          cs[h] = static_cast<int16_t>(sum);
+        }
+      } else {
+        xsum[k / 32] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(x + k), _mm512_loadu_ps(x + k + 16)));
+      }
       _mm256_storeu_ps(dl + k / 4, _mm256_set1_ps(dx));
     }
   }
@@ -741,8 +749,8 @@ const TypeInfo kTypes[] = {
     {39, "MXFP4", 32, 17, FT_GGML_TIERS((rows_scalar<32, 17, deq_mxfp4>), MXFP4), nullptr, false, 32, 0},
     {12, "Q4_K", 256, 144, FT_GGML_TIERS((rows_scalar<256, 144, deq_q4_k>), Q4_K), FT_GGML_Q8(q8_256, QK45<false>),
      false, 256, kQ8KQuant},
-    {14, "Q6_K", 256, 210, FT_GGML_TIERS((rows_scalar<256, 210, deq_q6_k>), Q6_K), FT_GGML_Q8(q8_256, Q6K), true,
-     256, 0},
+    {14, "Q6_K", 256, 210, FT_GGML_TIERS((rows_scalar<256, 210, deq_q6_k>), Q6_K), FT_GGML_Q8(q8_256, Q6K), false,
+     256, kQ8Q6K},
     {13, "Q5_K", 256, 176, FT_GGML_TIERS((rows_scalar<256, 176, deq_q5_k>), Q5_K), FT_GGML_Q8(q8_256, QK45<true>),
      false, 256, kQ8KQuant},
 };
@@ -783,12 +791,12 @@ size_t row_bytes(const std::string& context, const TypeInfo& t, long long K, con
 }
 
 #if FT_X86
-void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, bool kquant_order, void* base) {
-  vnni::quantize(x, k0, k1, K, G, unsigned_x, kquant_order, base);
+void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int layout, void* base) {
+  vnni::quantize(x, k0, k1, K, G, unsigned_x, layout, base);
 }
 void q4_0_xq_quantize(const float* x, int k0, int k1, void* base) { vnni::quantize_q4_0(x, k0, k1, base); }
 #else
-void q8_quantize(const float*, int, int, int, int, bool, bool, void*) { throw Error("q8_quantize needs AVX-512"); }
+void q8_quantize(const float*, int, int, int, int, bool, int, void*) { throw Error("q8_quantize needs AVX-512"); }
 void q4_0_xq_quantize(const float*, int, int, void*) { throw Error("q4_0_xq_quantize needs AVX-512"); }
 #endif
 
@@ -807,7 +815,7 @@ void GgmlMoeFormat::xq_quantize(const TypeInfo& t, const float* x, int k0, int k
   if (t.q8_layout == kQ8Q4_0) {
     q4_0_xq_quantize(x, k0, k1, base);
   } else {
-    q8_quantize(x, k0, k1, K, t.q8_group, t.q8_xu, t.q8_layout == kQ8KQuant, base);
+    q8_quantize(x, k0, k1, K, t.q8_group, t.q8_xu, t.q8_layout, base);
   }
 }
 

@@ -47,7 +47,7 @@ using MultiFn = void (*)(const uint8_t* W, size_t ld, int nrows, const float* co
 //              dx_g = amax_g / 127
 // stored in one of two layouts (TypeInfo::q8_layout), one pointer per vector (Q8Ref):
 //
-// kQ8Plain (Q8_0, Q6_K) and kQ8KQuant (Q4_K, Q5_K):
+// kQ8Plain (Q8_0), kQ8KQuant (Q4_K, Q5_K) and kQ8Q6K (Q6_K):
 //   q[k]     = code[k] as int8, or code[k] + 128 as uint8 when the weight type takes x unsigned
 //              (TypeInfo::q8_xu: VPDPBUSD multiplies unsigned by signed bytes; the weights' side is
 //              then signed and the +128 is taken out once per weight block, for all vectors)
@@ -57,6 +57,8 @@ using MultiFn = void (*)(const uint8_t* W, size_t ld, int nrows, const float* co
 //   element k is at byte K + k, xsum of its 32-block at byte 2K + k/8.
 //   kQ8KQuant: q of each whole group of 256 holds its 32-blocks in the order 0, 2, 1, 3, 4, 6, 5, 7
 //   (the order of Q4_K/Q5_K's nibbles in 64-byte loads); dl and xsum stay in element order.
+//   kQ8Q6K: xsum's bytes hold instead the int16 sums of the codes per 16 elements (Q6_K's offset 32
+//   times its scales: one VPDPWSSD per block).
 //
 // kQ8Q4_0 (Q4_0; G = 256): a record of kQ4_0XGroupBytes per group g of 256 elements (8 blocks; the
 // last group zero-padded), in the order the Q4_0 kernel unpacks nibbles:
@@ -68,14 +70,14 @@ using MultiFn = void (*)(const uint8_t* W, size_t ld, int nrows, const float* co
 inline size_t q8_bytes(int K) { return 2 * static_cast<size_t>(K) + static_cast<size_t>(K) / 8; }
 constexpr size_t kQ4_0XGroupBytes = 448;
 inline size_t q4_0_xq_bytes(int K) { return static_cast<size_t>((K + 255) / 256) * kQ4_0XGroupBytes; }
-enum Q8Layout : int { kQ8Plain = 0, kQ8Q4_0 = 1, kQ8KQuant = 2 };
+enum Q8Layout : int { kQ8Plain = 0, kQ8Q4_0 = 1, kQ8KQuant = 2, kQ8Q6K = 3 };
 struct Q8Ref {
   const uint8_t* q;  // the vector's base
 };
 // Quantizes elements [k0, k1) (k0 a multiple of G) of x into the Q8 vector of K elements at `base`
 // (AVX-512; only the avx512_bf16 tier has q8 kernels).
-// kquant_order: the kQ8KQuant order of whole groups of 256.
-void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, bool kquant_order, void* base);
+// layout: a Q8Layout other than kQ8Q4_0.
+void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int layout, void* base);
 // The same into the kQ8Q4_0 layout (k0 a multiple of 256; the group of k1 is zero-padded).
 void q4_0_xq_quantize(const float* x, int k0, int k1, void* base);
 // Int8 kernels: out[j * os + r] = row r . dequant(xs[j]) for n <= 8 vectors.
