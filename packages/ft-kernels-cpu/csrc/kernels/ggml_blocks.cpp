@@ -286,12 +286,12 @@ struct V {
 
 // ---- avx512_bf16 tier: int8 activations (Q8Ref) and VPDPBUSD ----
 //
-// Each VPDPBUSD lane sums 4 products of unsigned and signed bytes into int32, exactly. Q8_0 and Q6_K
-// make their weight codes signed (code - offset) and take x as unsigned (x code + 128): the lane
-// starts from -128 * (sum of its 4 weights), computed once per weight block for all vectors, so each
-// vector costs one load and one VPDPBUSD per 64 elements. Q4_0, Q4_K and Q5_K codes stay unsigned and
-// take x signed (Q4_0's offset 8 is in x's precomputed lane starts, the K-quants' offsets are their min
-// terms). Q8_0 lanes are scaled in fp32 by (weight scale of their block) * dx of their block (x in
+// Each VPDPBUSD lane sums 4 products of unsigned and signed bytes into int32, exactly. Q8_0 makes its
+// weight codes signed and takes x as unsigned (x code + 128): the lane starts from -128 * (sum of its
+// 4 weights), computed once per weight block for all vectors, so each vector costs one load and one
+// VPDPBUSD per 64 elements. Q4_0, Q4_K, Q5_K and Q6_K codes stay unsigned and take x signed (the
+// offsets of Q4_0 and Q6_K come from x's precomputed code sums, the K-quants' mins from x's fp32
+// sums). Q8_0 lanes are scaled in fp32 by (weight scale of their block) * dx of their block (x in
 // groups of 32), Q4_0 lanes by their block's scale and the group's sum by dx (groups of 256).
 #if defined(__clang__)
 #pragma clang attribute push(                                                                            \
