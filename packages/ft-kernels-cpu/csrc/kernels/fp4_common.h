@@ -12,6 +12,7 @@
 //   avx512_bf16  bf16, steps of 128 elements as 4 vectors of 32: x[32j + k] = element 4k + j
 // (the avx512 layouts are zero-padded to a multiple of 128; see fp4_kernels.cpp for why). On Intel
 // CPUs the avx512_bf16 tier uses the avx512 kernels and layout (kernel_isa in fp4_kernels.cpp).
+// mxfp4 runs int8 activations (q8_*, below) in the avx512_bf16 tier instead, on every vendor.
 #pragma once
 
 #include <cstddef>
