@@ -13,6 +13,7 @@ from helpers.checks import (
     run_many_tokens_on_few_experts,
 )
 from helpers.fp4_reference import dequant_fp4, random_fp4, random_scales
+from helpers.int8_bounds import int8_error_bound
 from helpers.moe_reference import ACTIVATIONS, BF16, bias_terms, moe_reference, random_inputs
 
 TIERS = fk.isa_tiers()
@@ -48,13 +49,31 @@ def reference(banks, x, ids, w, act, **opts):
     )
 
 
-def check(y: np.ndarray, ref: np.ndarray, scale: np.ndarray, isa: str) -> None:
-    # The dequantized weights are exact in fp32 (and in bf16), so every product is exact; what is
-    # left: y rounded to bf16 (<= 2^-9 relative; 2^-8 leaves a factor 2), fp32 accumulation
-    # (K * 2^-24 * scale << 2^-11 * scale for K <= 300), and on avx512_bf16 the intermediate rounded
-    # to bf16 before the down projection (each term off by <= 2^-9 relative: <= 2^-9 * scale).
-    c = 2.0**-8 if isa == "avx512_bf16" else 2.0**-11
-    assert_close_to_reference(y, ref, scale, f"mxfp4 {isa}", rel=2.0**-8, mag=c)
+def int8_extra(isa, banks, x, ids, w, act, **opts):
+    """The avx512_bf16 tier's int8 activations (x and h in steps of 128 elements, one scale each):
+    int8_error_bound; 0 for the other tiers."""
+    if isa != "avx512_bf16":
+        return 0.0
+    w13 = dequant_fp4(banks["w13"], banks["w13_scale"])
+    wref = {
+        "w_gate": w13[:, 0::2],
+        "w_up": w13[:, 1::2],
+        "w_down": dequant_fp4(banks["w2"], banks["w2_scale"]),
+    }
+    wref.update(
+        {k: v for k, v in bias_terms(banks, slice(0, None, 2), slice(1, None, 2)).items() if v is not None}
+    )
+    return int8_error_bound(x, ids, w, wref, act, False, True, True, (128, 128), **opts)
+
+
+def check(
+    y: np.ndarray, ref: np.ndarray, scale: np.ndarray, isa: str, extra: np.ndarray | float = 0.0
+) -> None:
+    # The dequantized weights are exact in fp32, so every product of the fp32 tiers is exact; what is
+    # left: y rounded to bf16 (<= 2^-9 relative; 2^-8 leaves a factor 2) and fp32 accumulation
+    # (K * 2^-24 * scale << 2^-11 * scale for K <= 300). The avx512_bf16 tier's int8 x and h add
+    # `extra` (int8_extra); its integer sums are exact and their fp32 scaling adds << 2^-11 * scale.
+    assert_close_to_reference(y, ref, scale, f"mxfp4 {isa}", rel=2.0**-8, mag=2.0**-11, extra=extra)
 
 
 def run_layer(isa, banks, x, ids, w, E, I, act="silu", opts=None):
@@ -86,7 +105,7 @@ def test_matches_float64_reference(isa: str, act: str, T: int) -> None:
     y = run_layer(isa, banks, x, ids, w, E, I, act, opts=opts)
     assert y.dtype == BF16 and y.shape == (T, H)
     ref, scale = reference(banks, x, ids, w, act, **opts)
-    check(y, ref, scale, isa)
+    check(y, ref, scale, isa, int8_extra(isa, banks, x, ids, w, act, **opts))
 
 
 @pytest.mark.parametrize("isa", TIERS)
@@ -98,7 +117,7 @@ def test_swigluoai_options_and_gate_up_interleave(isa: str) -> None:
     opts = {"alpha": 1.5, "limit": 2.0}
     y = run_layer(isa, banks, x, ids, w, E, I, "swigluoai", opts=opts)
     ref, scale = reference(banks, x, ids, w, "swigluoai", **opts)
-    check(y, ref, scale, isa)
+    check(y, ref, scale, isa, int8_extra(isa, banks, x, ids, w, "swigluoai", **opts))
     # Reading the rows as [gate; up] halves instead of interleaved must give a different answer.
     w13 = dequant_fp4(banks["w13"], banks["w13_scale"])
     wrong, _ = moe_reference(x, ids, w, w13[:, :I], w13[:, I:], dequant_fp4(banks["w2"], banks["w2_scale"]))
@@ -126,7 +145,7 @@ def test_extreme_e8m0_scales_and_every_e2m1_code(isa: str) -> None:
         banks["w2"][0, :, 0, 0] = ((2 * j) % 16) | (((2 * j + 1) % 16) << 4)
         y = run_layer(isa, banks, x, ids, w, E, I)
         ref, scale = reference(banks, x, ids, w, "silu")
-        check(y, ref, scale, isa)
+        check(y, ref, scale, isa, int8_extra(isa, banks, x, ids, w, "silu"))
 
 
 @pytest.mark.parametrize("isa", TIERS)
@@ -141,7 +160,7 @@ def test_many_tokens_on_few_experts(isa: str) -> None:
         rng, isa, "mxfp4", banks, num_experts=E, hidden=H, intermediate=I
     )
     ref, scale = reference(banks, x, ids, w, "gelu")
-    check(y, ref, scale, isa)
+    check(y, ref, scale, isa, int8_extra(isa, banks, x, ids, w, "gelu"))
 
 
 @pytest.mark.parametrize("isa", TIERS)

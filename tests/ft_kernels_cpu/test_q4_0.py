@@ -54,10 +54,12 @@ def check(
     assert_close_to_reference(y, ref, scale, what, rel=2.0**-8, mag=2.0**-11, extra=extra)
 
 
-def run_case(isa, act, T, seed, bias=False, on_input=False, opts=None):
+def run_case(isa, act, T, seed, bias=False, on_input=False, opts=None, HI=None):
     rng = np.random.default_rng(seed)
     # Odd block counts exercise the unpaired last block of a row.
     E, H, I, top_k = 5, 32 * int(rng.integers(1, 8)), 32 * int(rng.integers(1, 6)), 4
+    if HI is not None:
+        H, I = HI
     banks, wref = make_layer(rng, E, H, I, bias)
     opts = dict(opts or ({"limit": 3.0} if act == "swiglu_clamp" else {}))
     ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=8, num_threads=2, isa=isa)
@@ -84,6 +86,14 @@ def reference_extra(isa, x, ids, w, wref, act, on_input, opts):
 @pytest.mark.parametrize("isa", TIERS)
 def test_matches_float64_reference(isa: str, act: str, T: int) -> None:
     run_case(isa, act, T, [TIERS.index(isa), ACTIVATIONS.index(act), T])
+
+
+@pytest.mark.parametrize("T", [1, 8])
+@pytest.mark.parametrize("isa", TIERS)
+def test_rows_of_several_groups(isa: str, T: int) -> None:
+    # Whole groups of 8 blocks (256 elements, the int8 path's unit) and a partial last one, in both
+    # passes: H = 2 * 256 + 32, I = 3 * 256 + 32 (pass-1 units of 256 rows, a shorter last one).
+    run_case(isa, "silu", T, 21 + T, HI=(544, 800))
 
 
 @pytest.mark.parametrize("isa", TIERS)

@@ -12,6 +12,7 @@
 //   avx512_bf16  bf16, steps of 128 elements as 4 vectors of 32: x[32j + k] = element 4k + j
 // (the avx512 layouts are zero-padded to a multiple of 128; see fp4_kernels.cpp for why). On Intel
 // CPUs the avx512_bf16 tier uses the avx512 kernels and layout (kernel_isa in fp4_kernels.cpp).
+// mxfp4 runs int8 activations (q8_*, below) in the avx512_bf16 tier instead, on every vendor.
 #pragma once
 
 #include <cstddef>
@@ -50,6 +51,22 @@ void dot_rows(Isa isa, const uint8_t* W, const uint8_t* S, int nrows, const void
 constexpr int kMaxVectors = 8;
 void dot_rows_multi(Isa isa, const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
                     float* out, int os, int prefetch);
+
+// Int8 activations (mxfp4 in the avx512_bf16 tier, AVX512-VNNI): a vector of K elements as steps of
+// 128 elements, each a record of kQ8StepBytes (the last step zero-padded):
+//   bytes 0..63     int8 codes of the step's even elements 0, 2, .., 126 (the low nibbles' elements)
+//   bytes 64..127   int8 codes of its odd elements 1, 3, .., 127
+//   bytes 128..191  int32 lanes m = 0..15: -12 * (sum of the codes at bytes 4m..4m+3 and 64+4m..+3)
+//   bytes 192..195  fp32 dx / 2
+// code = round-half-even(v * 127 / amax) clamped to +-127, amax = max |v| over the step (0: codes 0),
+// the value code * dx, dx = amax / 127. q8_prep_vec takes elements [i0, i1) as v[i - i0], i0 a
+// multiple of 128 and i1 a multiple of 128 or the end of the vector.
+constexpr size_t kQ8StepBytes = 256;
+size_t q8_vec_bytes(int K);
+void q8_prep_vec(const float* v, int i0, int i1, void* out);
+// out[j * os + r] = W[r] . dequant(xs[j]) for n <= kMaxVectors int8 vectors (each block decoded once).
+void q8_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
+                       float* out, int os, int prefetch);
 
 // Software prefetch distance of the FP4 weight streams: the caller's when given (0 disables), else 8 KiB.
 // The executor's default is 0 on AMD, measured for bf16 rows; these rows do several times more work

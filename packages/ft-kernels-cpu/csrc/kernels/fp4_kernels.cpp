@@ -404,6 +404,76 @@ FT_TARGET_AVX512_BF16 void dot_rows_multi_bf16(const uint8_t* W, const uint8_t* 
   }
 }
 
+// ---- int8 activations (q8_*, fp4_common.h): VPDPBUSD against a byte table of the codes ----
+//
+// A 4-block step of weights is one 64-byte load; VPSHUFB looks both nibbles of every byte up in the
+// table 12 + 2 * e2m1 (0..24, unsigned), so the low-nibble vector holds the step's even elements and
+// the high-nibble one its odd elements, lane m (4 bytes) of both in block m / 4. x's record of the
+// step holds its codes in that order, and the lanes start from -12 * (sum of their x codes).
+
+FT_TARGET_AVX512_BF16 inline __m512i e2m1_u8_table() {
+  return _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+}
+
+// One step (4 blocks at w, `blocks` of them left in the row) against the vectors' records of step u4.
+template <int NV>
+FT_TARGET_AVX512_BF16 inline void step_q8(const uint8_t* w, int blocks, __m512 ws, const uint8_t* const* xs,
+                                          size_t xo, __m512i lut, __m512* acc) {
+  const __m512i m = _mm512_set1_epi8(15);
+  const __m512i wv = load_blocks(w, blocks);
+  const __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(wv, m));
+  const __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(wv, 4), m));
+  for (int j = 0; j < NV; ++j) {
+    const uint8_t* x = xs[j] + xo;
+    const __m512i i = _mm512_dpbusd_epi32(
+        _mm512_dpbusd_epi32(_mm512_loadu_si512(x + 128), lo, _mm512_loadu_si512(x)), hi, _mm512_loadu_si512(x + 64));
+    float dx;
+    std::memcpy(&dx, x + 192, sizeof dx);
+    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(ws, _mm512_set1_ps(dx)), acc[j]);
+  }
+}
+
+template <int NV>
+FT_TARGET_AVX512_BF16 void dot_rows_q8(const uint8_t* W, const uint8_t* S, int nrows, const uint8_t* const* xs,
+                                       int K, float* out, int os, const Streams& pf) {
+  const __m512i lut = e2m1_u8_table();
+  const __m512i idx[4] = {scale_index(0), scale_index(1), scale_index(2), scale_index(3)};
+  const int nb = K / 32;
+  for (int r = 0; r < nrows; ++r) {
+    const uint8_t* w = W + static_cast<size_t>(r) * (K / 2);
+    const uint8_t* s = S + static_cast<size_t>(r) * nb;
+    if (pf.s.dist) pf.s.ahead(s);
+    // two chains per vector (the FMA latency), steps alternating
+    __m512 a0[NV], a1[NV];
+    for (int j = 0; j < NV; ++j) a0[j] = a1[j] = _mm512_setzero_ps();
+    int b = 0;
+    for (; b + 16 <= nb; b += 16) {
+      const __m512 sf = e8m0x16(s + b, 16);
+#pragma GCC unroll 2
+      for (int u = 0; u < 4; u += 2) {
+        const uint8_t* wp = w + 16 * (b + 4 * u);
+        if (pf.w.dist) {
+          pf.w.ahead(wp);
+          pf.w.ahead(wp + 64);
+        }
+        const size_t xo = static_cast<size_t>(b / 4 + u) * kQ8StepBytes;
+        step_q8<NV>(wp, 4, _mm512_permutexvar_ps(idx[u], sf), xs, xo, lut, a0);
+        step_q8<NV>(wp + 64, 4, _mm512_permutexvar_ps(idx[u + 1], sf), xs, xo + kQ8StepBytes, lut, a1);
+      }
+    }
+    if (b < nb) {
+      const __m512 sf = e8m0x16(s + b, nb - b);
+      for (int u = 0; b + 4 * u < nb; ++u) {
+        const int bu = b + 4 * u;
+        if (pf.w.dist) pf.w.ahead(w + 16 * bu);
+        step_q8<NV>(w + 16 * bu, nb - bu, _mm512_permutexvar_ps(idx[u], sf), xs,
+                    static_cast<size_t>(bu / 4) * kQ8StepBytes, lut, a0);
+      }
+    }
+    for (int j = 0; j < NV; ++j) out[j * os + r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[j], a1[j]));
+  }
+}
+
 #endif  // FT_X86
 
 // e4m3fn value nearest to y (ties to even), saturated to +-448; y finite.
@@ -555,6 +625,50 @@ void dot_rows_multi(Isa isa, const uint8_t* W, const uint8_t* S, int nrows, cons
       dot_row_multi_scalar<decltype(nv)::value>(W + r * wrow, S + r * srow, xf, K, out + r, os);
     });
   }
+}
+
+size_t q8_vec_bytes(int K) { return static_cast<size_t>((K + 127) / 128) * kQ8StepBytes; }
+
+void q8_prep_vec(const float* v, int i0, int i1, void* out) {
+  for (int g = i0; g < i1; g += 128) {
+    const int n = std::min(128, i1 - g);
+    float amax = 0.f;
+    for (int e = 0; e < n; ++e) amax = std::max(amax, std::fabs(v[g - i0 + e]));
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    int8_t c[128] = {};
+    for (int e = 0; e < n; ++e) {
+      // round half to even (the default rounding mode), clamped to +-127
+      c[e] = static_cast<int8_t>(std::max(-127.f, std::min(127.f, std::nearbyint(v[g - i0 + e] * inv))));
+    }
+    uint8_t* rec = static_cast<uint8_t*>(out) + static_cast<size_t>(g / 128) * kQ8StepBytes;
+    std::memset(rec, 0, kQ8StepBytes);
+    int32_t off[16] = {};
+    for (int j = 0; j < 64; ++j) {
+      rec[j] = static_cast<uint8_t>(c[2 * j]);
+      rec[64 + j] = static_cast<uint8_t>(c[2 * j + 1]);
+      off[j / 4] += c[2 * j] + c[2 * j + 1];
+    }
+    for (int l = 0; l < 16; ++l) off[l] *= -12;
+    std::memcpy(rec + 128, off, sizeof off);
+    const float dx = 0.5f * (amax / 127.f);  // the table holds 2 * e2m1
+    std::memcpy(rec + 192, &dx, sizeof dx);
+  }
+}
+
+void q8_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
+                       float* out, int os, int prefetch) {
+  if (nrows <= 0 || n <= 0) return;
+  n = std::min(n, kMaxVectors);
+#if FT_X86
+  const uint8_t* xq[kMaxVectors];
+  for (int j = 0; j < n; ++j) xq[j] = static_cast<const uint8_t*>(xs[j]);
+  const size_t wbytes = static_cast<size_t>(nrows) * (K / 2), sbytes = static_cast<size_t>(nrows) * (K / 32);
+  const Streams pf{Prefetch(W, wbytes, prefetch), Prefetch(S, sbytes, prefetch / 16)};
+  dispatch_n(n, [&](auto nv) { dot_rows_q8<decltype(nv)::value>(W, S, nrows, xq, K, out, os, pf); });
+#else
+  (void)W, (void)S, (void)xs, (void)K, (void)out, (void)os, (void)prefetch;
+  throw Error("fp4 int8 kernels need x86 (AVX512-VNNI)");
+#endif
 }
 
 void fp8_round_trip(const float* v, int n, int block, float* out) {

@@ -286,12 +286,13 @@ struct V {
 
 // ---- avx512_bf16 tier: int8 activations (Q8Ref) and VPDPBUSD ----
 //
-// Each VPDPBUSD lane sums 4 products of unsigned and signed bytes into int32, exactly. Q4_0, Q8_0
-// and Q6_K make their weight codes signed (code - offset) and take x as unsigned (x code + 128):
-// the lane starts from -128 * (sum of its 4 weights), computed once per weight block for all
-// vectors, so each vector costs one load and one VPDPBUSD per 64 elements. Q4_K/Q5_K codes are
-// unsigned already (their offsets are the min terms) and take x signed. Q4_0/Q8_0 lanes are then
-// scaled in fp32 by (weight scale of their block) * dx of their block (x in groups of 32).
+// Each VPDPBUSD lane sums 4 products of unsigned and signed bytes into int32, exactly. Q8_0 makes its
+// weight codes signed and takes x as unsigned (x code + 128): the lane starts from -128 * (sum of its
+// 4 weights), computed once per weight block for all vectors, so each vector costs one load and one
+// VPDPBUSD per 64 elements. Q4_0, Q4_K, Q5_K and Q6_K codes stay unsigned and take x signed (the
+// offsets of Q4_0 and Q6_K come from x's precomputed code sums, the K-quants' mins from x's fp32
+// sums). Q8_0 lanes are scaled in fp32 by (weight scale of their block) * dx of their block (x in
+// groups of 32), Q4_0 lanes by their block's scale and the group's sum by dx (groups of 256).
 #if defined(__clang__)
 #pragma clang attribute push(                                                                            \
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,fma,f16c"))), \
@@ -347,41 +348,92 @@ inline float load_f32(const uint8_t* p) {
 
 inline __m512 f16_bcast(const uint8_t* p) { return _mm512_set1_ps(_cvtsh_ss(load_u16(p))); }
 
-// Q4_0 with x in groups of 256 (one dx per group): unsigned codes 0..15 against signed x, per
-// 64 elements and vector one VPDPBUSD, one conversion and one FMA by the two blocks' fp16 scales
-// (converted 8 at a time, once per group for all vectors); the offset -8 of the codes is taken out
-// once per group and vector by the blocks' precomputed -8 * (sum of x codes) (Q8 vector's bs) times
-// the 8 scales; the group's sum is multiplied by dx at its end.
+// Q4_0 against x in the Q4_0 layout (q4_0_xq_* in ggml_blocks.h): a group of 8 blocks (144 bytes)
+// is three loads; one word permute per 4 blocks gathers their 64 code bytes in block order (qs of
+// blocks 4c..4c+3, 16 bytes each: low nibbles are elements 0..15 of each block, high nibbles 16..31,
+// which is the order of x's lo and hi halves), one more gathers the 8 fp16 scales, each repeated on
+// its block's 4 lanes. Per 4 blocks and vector: two VPDPBUSD into int32 lanes that start at the
+// precomputed -8 * (sum of the lane's x codes), one conversion, one FMA by the scales; the group's
+// sum is multiplied by dx at its end.
 struct Q4_0 {
   static constexpr int elems = 32, bytes = 18;
-  // The fp16 scales of the nblk <= 8 blocks at p as fp32 lanes 0..nblk-1 (others 0): words 9i of the
-  // 128 bytes from p (masked: nothing past the group's last block is read).
-  static inline __m512 scales8(const uint8_t* p, int nblk) {
-    const int n = nblk * bytes;
-    const __mmask64 m0 = n >= 64 ? ~0ull : (1ull << n) - 1;
-    const __mmask64 m1 = n >= 128 ? ~0ull : n <= 64 ? 0ull : (1ull << (n - 64)) - 1;
-    const __m512i a = _mm512_maskz_loadu_epi8(m0, p), b = _mm512_maskz_loadu_epi8(m1, p + 64);
-    const __m512i idx = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 63, 54,
-                                         45, 36, 27, 18, 9, 0);
-    const __m128i h = _mm512_castsi512_si128(_mm512_permutex2var_epi16(a, idx, b));
-    return _mm512_maskz_mov_ps(static_cast<__mmask16>((1u << nblk) - 1), _mm512_cvtph_ps(_mm256_castsi128_si256(h)));
+  // Word permute indices (vpermt2w: 0..31 the first table, 32..63 the second).
+  // Codes of blocks 0..3 from (p, p + 64): word (18 bb + 2 + 2 w2) / 2 = 9 bb + 1 + w2.
+  static inline __m512i idx_codes0() {
+    alignas(64) int16_t v[32];
+    for (int i = 0; i < 32; ++i) v[i] = static_cast<int16_t>(9 * (i / 8) + 1 + i % 8);
+    return _mm512_load_si512(v);
   }
-  static inline __m512i codes(const uint8_t* p, bool two) {
-    __m512i raw = _mm512_broadcast_i32x4(ld128(p + 2));
-    if (two) raw = _mm512_mask_broadcast_i32x4(raw, 0xff00, ld128(p + 20));
-    // high nibbles in the 128-bit lanes 1 and 3 (an immediate shift under a word mask)
-    return _mm512_and_si512(_mm512_mask_srli_epi16(raw, 0xff00ff00u, raw, 4), _mm512_set1_epi8(15));
+  // Codes of blocks 4..7 from (p + 64, p + 128): bytes 72 + 18 bb + 2 + 2 w2 - 64 = 10 + 18 bb + 2 w2.
+  static inline __m512i idx_codes1() {
+    alignas(64) int16_t v[32];
+    for (int i = 0; i < 32; ++i) v[i] = static_cast<int16_t>(5 + 9 * (i / 8) + i % 8);
+    return _mm512_load_si512(v);
   }
-  // gacc[j] += cvt(sum codes * x_j) * ws over the 64 (two blocks) or 32 elements at k (the upper 8
-  // lanes of ws are 0 for one block).
-  template <int NV>
-  static inline void dot(__m512i c, __m512 ws, const Q8Ref* xs, int k, bool two, __m512* gacc) {
-    for (int j = 0; j < NV; ++j) {
-      const __m512i xv = two ? ld512(xs[j].q + k) : _mm512_maskz_loadu_epi8(0xffffffffull, xs[j].q + k);
-      gacc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), c, xv)), ws, gacc[j]);
-    }
+  // Scales of blocks 0..7 from (p, p + 64), each 4 times: word 9 b, b = i / 4.
+  static inline __m512i idx_scales() {
+    alignas(64) int16_t v[32];
+    for (int i = 0; i < 32; ++i) v[i] = static_cast<int16_t>(9 * (i / 4));
+    return _mm512_load_si512(v);
   }
 };
+
+// One group of nblk <= 8 blocks at p against the vectors' group records at xo (byte offset).
+template <int NV>
+__attribute__((always_inline)) inline void q4_0_group(const uint8_t* p, int nblk, const Q8Ref* xs, size_t xo,
+                                                      __m512i ic0, __m512i ic1, __m512i isc, __m512* acc) {
+  __m512i a, b, c;
+  if (nblk == 8) {
+    a = ld512(p);
+    b = ld512(p + 64);
+    c = _mm512_castsi128_si512(ld128(p + 128));
+  } else {  // masked: nothing past the row's last block is read; missing blocks are zero (scale 0)
+    const int n = nblk * Q4_0::bytes;
+    const __mmask64 m0 = n >= 64 ? ~0ull : (1ull << n) - 1;
+    const __mmask64 m1 = n >= 128 ? ~0ull : n <= 64 ? 0ull : (1ull << (n - 64)) - 1;
+    const __mmask64 m2 = n <= 128 ? 0ull : (1ull << (n - 128)) - 1;
+    a = _mm512_maskz_loadu_epi8(m0, p);
+    b = _mm512_maskz_loadu_epi8(m1, p + 64);
+    c = _mm512_maskz_loadu_epi8(m2, p + 128);
+  }
+  const __m512i q0 = _mm512_permutex2var_epi16(a, ic0, b), q1 = _mm512_permutex2var_epi16(b, ic1, c);
+  const __m512i sw = _mm512_permutex2var_epi16(a, isc, b);
+  const __m512 ws0 = _mm512_cvtph_ps(_mm512_castsi512_si256(sw));
+  const __m512 ws1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(sw, 1));
+  const __m512i m = _mm512_set1_epi8(15);
+  const __m512i l0 = _mm512_and_si512(q0, m), h0 = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m);
+  const __m512i l1 = _mm512_and_si512(q1, m), h1 = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m);
+  for (int j = 0; j < NV; ++j) {
+    const uint8_t* x = xs[j].q + xo;
+    const __m512i s0 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ld512(x + 256), l0, ld512(x)), h0, ld512(x + 64));
+    const __m512i s1 =
+        _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ld512(x + 320), l1, ld512(x + 128)), h1, ld512(x + 192));
+    const __m512 g = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), ws1, _mm512_mul_ps(_mm512_cvtepi32_ps(s0), ws0));
+    acc[j] = _mm512_fmadd_ps(g, _mm512_set1_ps(load_f32(x + 384)), acc[j]);
+  }
+}
+
+template <int NV>
+void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
+  const int nb = K / 32, nfull = nb / 8;
+  const __m512i ic0 = Q4_0::idx_codes0(), ic1 = Q4_0::idx_codes1(), isc = Q4_0::idx_scales();
+  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * Q4_0::bytes, prefetch);
+  for (int r = 0; r < nrows; ++r) {
+    const uint8_t* w = W + r * ld;
+    __m512 acc[NV];
+    for (int j = 0; j < NV; ++j) acc[j] = _mm512_setzero_ps();
+    int g = 0;
+    for (; g < nfull; ++g) {
+      if (prefetch) pf.advance(w + g * 144);
+      q4_0_group<NV>(w + g * 144, 8, xs, static_cast<size_t>(g) * kQ4_0XGroupBytes, ic0, ic1, isc, acc);
+    }
+    if (8 * g < nb) {
+      if (prefetch) pf.advance(w + g * 144);
+      q4_0_group<NV>(w + g * 144, nb - 8 * g, xs, static_cast<size_t>(g) * kQ4_0XGroupBytes, ic0, ic1, isc, acc);
+    }
+    for (int j = 0; j < NV; ++j) out[j * os + r] = _mm512_reduce_add_ps(acc[j]);
+  }
+}
 
 // Q8_0: int8 codes as they are.
 struct Q8_0 {
@@ -400,58 +452,6 @@ struct Q8_0 {
     dot32<NV>(w, unsigned_x_start(w), f16_bcast(p), xs, K, k, acc);
   }
 };
-
-// One group of nblk <= 8 Q4_0 blocks at g (x elements from k) into acc (inlined so that full groups
-// get nblk = 8 as a constant: constant masks, unrolled pairs).
-template <int NV>
-__attribute__((always_inline)) inline void q4_0_group(const uint8_t* g, int nblk, const Q8Ref* xs, int K, int k,
-                                                      __m512* acc, StreamPrefetchCursor& pf, int prefetch) {
-  const __m512 d8 = Q4_0::scales8(g, nblk);
-  const int bs_at = 2 * K + K / 8 + k / 8;
-  // two FMA chains per vector where there are few vectors (the FMA latency, not the ports, bounds one)
-  constexpr int C = NV <= 2 ? 2 : 1;
-  __m512 gacc[C][NV];
-  // the offsets: -8 * sum_b d_b * (sum of the x codes of block b)
-  for (int j = 0; j < NV; ++j) {
-    if (C == 2) gacc[C - 1][j] = _mm512_setzero_ps();
-    gacc[0][j] = _mm512_mul_ps(d8, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(
-                                    static_cast<__mmask8>((1u << nblk) - 1),
-                                    reinterpret_cast<const float*>(xs[j].q + bs_at))));
-  }
-  int i = 0;
-#pragma GCC unroll 4
-  for (; i + 2 <= nblk; i += 2) {
-    if (prefetch) pf.advance(g + i * Q4_0::bytes);
-    const __m512i idx = _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32(i), _mm512_set1_epi32(i + 1));
-    Q4_0::dot<NV>(Q4_0::codes(g + i * Q4_0::bytes, true), _mm512_permutexvar_ps(idx, d8), xs, k + 32 * i, true,
-                  gacc[(i / 2) % C]);
-  }
-  if (i < nblk) {
-    Q4_0::dot<NV>(Q4_0::codes(g + i * Q4_0::bytes, false),
-                  _mm512_maskz_permutexvar_ps(0x00ff, _mm512_set1_epi32(i), d8), xs, k + 32 * i, false,
-                  gacc[(i / 2) % C]);
-  }
-  for (int j = 0; j < NV; ++j) {
-    if (C == 2) gacc[0][j] = _mm512_add_ps(gacc[0][j], gacc[C - 1][j]);
-    acc[j] = _mm512_fmadd_ps(gacc[0][j], _mm512_set1_ps(load_f32(xs[j].q + K + k)), acc[j]);
-  }
-}
-
-// Q4_0 with x in groups of 256 (the last group of a row may be shorter, whole blocks).
-template <int NV>
-void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
-  const int nb = K / 32;
-  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * Q4_0::bytes, prefetch);
-  for (int r = 0; r < nrows; ++r) {
-    const uint8_t* w = W + r * ld;
-    __m512 acc[NV];
-    for (int j = 0; j < NV; ++j) acc[j] = _mm512_setzero_ps();
-    int b0 = 0;
-    for (; b0 + 8 <= nb; b0 += 8) q4_0_group<NV>(w + b0 * Q4_0::bytes, 8, xs, K, 32 * b0, acc, pf, prefetch);
-    if (b0 < nb) q4_0_group<NV>(w + b0 * Q4_0::bytes, nb - b0, xs, K, 32 * b0, acc, pf, prefetch);
-    for (int j = 0; j < NV; ++j) out[j * os + r] = _mm512_reduce_add_ps(acc[j]);
-  }
-}
 
 template <class T, int NV>
 void rows32(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
@@ -478,17 +478,22 @@ void rows32(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, floa
 
 // The 6-bit scales (lanes 0..7) and mins (lanes 8..15) of a Q4_K/Q5_K super-block as int32.
 inline __m512i kquant_scales(const uint8_t* p) {
-  uint32_t a[3];
-  std::memcpy(a, p + 4, 12);
-  const uint32_t lo6 = 0x3f3f3f3fu, lo4 = 0x0f0f0f0fu, top2 = 0x30303030u;
-  const __m128i sm = _mm_setr_epi32(static_cast<int>(a[0] & lo6), static_cast<int>((a[2] & lo4) | ((a[0] >> 2) & top2)),
-                                    static_cast<int>(a[1] & lo6),
-                                    static_cast<int>(((a[2] >> 4) & lo4) | ((a[1] >> 2) & top2)));
+  // 16 bytes from the 12 scale bytes s0..s11 (the rest is the block's next field, unused):
+  //   sc0..3 = s0..3 & 63, sc4..7 = (s8..11 & 15) | (s0..3 >> 6) << 4,
+  //   mn0..3 = s4..7 & 63, mn4..7 = (s8..11 >> 4) | (s4..7 >> 6) << 4
+  const __m128i v = ld128(p + 4);
+  const __m128i a = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+  const __m128i top = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+  const __m128i low = _mm_and_si128(_mm_blend_epi16(a, _mm_srli_epi16(a, 4), 0xC0),
+                                    _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15));
+  const __m128i sm = _mm_or_si128(low, _mm_and_si128(_mm_srli_epi16(top, 2), _mm_set1_epi8(0x30)));
   return _mm512_cvtepu8_epi32(sm);
 }
 
 // Q4_K / Q5_K: codes 0..15 (0..31) per 32-element sub-block with 6-bit scale sc and min m: the min
-// terms dmin * m[s] multiply the fp32 sums of x, 8 lanes per super-block.
+// terms dmin * m[s] multiply the fp32 sums of x, 8 lanes per super-block. x comes in the kQ8KQuant
+// layout (sub-blocks 0, 2, 1, 3, 4, 6, 5, 7 of each super-block): the low nibbles of 64 qs bytes are
+// then sub-blocks 2c and 2c + 2's codes in x's order, the high nibbles 2c + 1 and 2c + 3's.
 template <bool kQ5>
 struct QK45 {
   static constexpr int elems = 256, bytes = kQ5 ? 176 : 144;
@@ -498,45 +503,56 @@ struct QK45 {
     const float d = _cvtsh_ss(load_u16(p));
     const __m256 M = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(sc, 1)),
                                    _mm256_set1_ps(_cvtsh_ss(load_u16(p + 2))));
-    const __m512i sh = _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0x0004000400040004,
-                                        0x0004000400040004, 0, 0, 0, 0);
     const uint8_t* qs = p + (kQ5 ? 48 : 16);
-    __m512i qh = _mm512_setzero_si512();
-    if (kQ5) qh = _mm512_broadcast_i64x4(ld256(p + 16));
-    __m512i iacc[NV];
-    for (int j = 0; j < NV; ++j) iacc[j] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-    for (int jj = 0; jj < 4; ++jj) {
-      __m512i codes =
-          _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(ld256(qs + 32 * jj)), sh), _mm512_set1_epi8(15));
-      if (kQ5) {
-        // bit 2jj of qh[l] for sub-block 2jj (bytes 0..31), bit 2jj + 1 for 2jj + 1 (bytes 32..63)
-        const __m512i bit = _mm512_mask_blend_epi64(0xf0, _mm512_set1_epi8(static_cast<char>(1 << (2 * jj))),
-                                                    _mm512_set1_epi8(static_cast<char>(1 << (2 * jj + 1))));
-        codes = _mm512_mask_add_epi8(codes, _mm512_test_epi8_mask(qh, bit), codes, _mm512_set1_epi8(16));
-      }
-      // lanes 0..7: scale 2jj, lanes 8..15: scale 2jj + 1
-      const __m512i scw = _mm512_permutexvar_epi32(
-          _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32(2 * jj), _mm512_set1_epi32(2 * jj + 1)), sc);
-      for (int j = 0; j < NV; ++j) {
-        const __m512i lane = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, ld512(xs[j].q + k + 64 * jj));
-        iacc[j] = _mm512_dpwssd_epi32(iacc[j], lane, scw);
+    const __m512i m = _mm512_set1_epi8(15);
+    __m512i codes[4];  // sub-blocks (0, 2), (1, 3), (4, 6), (5, 7)
+    for (int c = 0; c < 2; ++c) {
+      const __m512i q = ld512(qs + 64 * c);
+      codes[2 * c] = _mm512_and_si512(q, m);
+      codes[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m);
+    }
+    if (kQ5) {
+      // bit s of qh[l] is bit 4 of element l of sub-block s
+      const __m512i qh = _mm512_broadcast_i64x4(ld256(p + 16));
+      for (int v = 0; v < 4; ++v) {
+        const int s0 = 4 * (v / 2) + v % 2;  // the vector's sub-blocks s0 (bytes 0..31) and s0 + 2
+        const __m512i bit = _mm512_mask_blend_epi64(0xf0, _mm512_set1_epi8(static_cast<char>(1 << s0)),
+                                                    _mm512_set1_epi8(static_cast<char>(1 << (s0 + 2))));
+        codes[v] = _mm512_mask_add_epi8(codes[v], _mm512_test_epi8_mask(qh, bit), codes[v], _mm512_set1_epi8(16));
       }
     }
+    __m512i scw[4];
+    for (int v = 0; v < 4; ++v) {
+      const int s0 = 4 * (v / 2) + v % 2;
+      scw[v] = _mm512_permutexvar_epi32(
+          _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32(s0), _mm512_set1_epi32(s0 + 2)), sc);
+    }
     for (int j = 0; j < NV; ++j) {
-      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[j]), _mm512_set1_ps(d * load_f32(xs[j].q + K + k)), acc[j]);
+      const uint8_t* x = xs[j].q + k;
+      // two chains (the VPDPWSSD latency)
+      __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[0], ld512(x));
+      __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[2], ld512(x + 128));
+      i0 = _mm512_madd_epi16(i0, scw[0]);
+      i1 = _mm512_madd_epi16(i1, scw[2]);
+      i0 = _mm512_dpwssd_epi32(i0, _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[1], ld512(x + 64)), scw[1]);
+      i1 = _mm512_dpwssd_epi32(i1, _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[3], ld512(x + 192)), scw[3]);
+      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)),
+                               _mm512_set1_ps(d * load_f32(xs[j].q + K + k)), acc[j]);
       off[j] = _mm256_fmadd_ps(M, _mm256_loadu_ps(reinterpret_cast<const float*>(xs[j].q + 2 * K + k / 8)), off[j]);
     }
   }
 };
-
-// Q6_K: codes 0..63 - 32 (signed, x unsigned), an int8 scale per 16 elements (4 lanes).
+// Q6_K: unsigned codes 0..63 against signed x (lanes <= 4 * 63 * 127 fit VPDPWSSD's int16), an int8
+// scale per 16 elements (4 lanes); the offset -32 is one more VPDPWSSD per block and vector: x's
+// int16 code sums per 16 elements (kQ8Q6K layout) times the block's scales * -32.
 struct Q6K {
   static constexpr int elems = 256, bytes = 210;
   template <int NV>
   static inline void block(const uint8_t* p, const Q8Ref* xs, int K, int k, __m512* acc, __m256* /*off*/) {
+    const __m128i s8 = ld128(p + 192);
     // int8 scales sign-extended, high words cleared (VPDPWSSD multiplies word pairs)
-    const __m512i sc = _mm512_and_si512(_mm512_cvtepi8_epi32(ld128(p + 192)), _mm512_set1_epi32(0xffff));
+    const __m512i sc = _mm512_and_si512(_mm512_cvtepi8_epi32(s8), _mm512_set1_epi32(0xffff));
+    const __m512i scm = _mm512_zextsi256_si512(_mm256_mullo_epi16(_mm256_cvtepi8_epi16(s8), _mm256_set1_epi16(-32)));
     const float d = _cvtsh_ss(load_u16(p + 208));
     const __m512i shl = _mm512_set_epi64(0x0002000200020002, 0x0002000200020002, 0x0002000200020002,
                                          0x0002000200020002, 0x0004000400040004, 0x0004000400040004,
@@ -544,39 +560,34 @@ struct Q6K {
     const __m512i shr = _mm512_set_epi64(0x0002000200020002, 0x0002000200020002, 0x0002000200020002,
                                          0x0002000200020002, 0, 0, 0, 0);
     const __m512i m0f = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
-    __m512i iacc[NV];
-    for (int j = 0; j < NV; ++j) iacc[j] = _mm512_setzero_si512();
-#pragma GCC unroll 2
+    __m512i cv[4], scw[4];  // elements 64g..64g+63 use scales 4g..4g+3, 4 lanes each
     for (int h = 0; h < 2; ++h) {
       const __m512i ql = ld512(p + 64 * h);
       const __m512i hz = _mm512_broadcast_i64x4(ld256(p + 128 + 32 * h));
       // codes (a & b) | c: 0xEA
-      const __m512i lo = _mm512_ternarylogic_epi32(ql, m0f, _mm512_and_si512(_mm512_sllv_epi16(hz, shl), m30), 0xEA);
-      const __m512i hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), m0f,
-                                                   _mm512_and_si512(_mm512_srlv_epi16(hz, shr), m30), 0xEA);
-#pragma GCC unroll 2
-      for (int g2 = 0; g2 < 2; ++g2) {
-        const int g = 2 * h + g2;  // elements 64g..64g+63 use scales 4g..4g+3, 4 lanes each
-        const __m512i idx = _mm512_set_epi32(4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 2, 4 * g + 2,
-                                             4 * g + 2, 4 * g + 2, 4 * g + 1, 4 * g + 1, 4 * g + 1, 4 * g + 1,
-                                             4 * g, 4 * g, 4 * g, 4 * g);
-        const __m512i scw = _mm512_permutexvar_epi32(idx, sc);
-        const int kg = k + 64 * g;
-        const __m512i codes = g2 ? hi : lo;
-        const __m512i w = _mm512_sub_epi8(codes, _mm512_set1_epi8(32));
-        const __m512i start = unsigned_x_start(codes, 32);
-        for (int j = 0; j < NV; ++j) {
-          const __m512i lane = _mm512_dpbusd_epi32(start, ld512(xs[j].q + kg), w);
-          iacc[j] = _mm512_dpwssd_epi32(iacc[j], lane, scw);
-        }
-      }
+      cv[2 * h] = _mm512_ternarylogic_epi32(ql, m0f, _mm512_and_si512(_mm512_sllv_epi16(hz, shl), m30), 0xEA);
+      cv[2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), m0f,
+                                                _mm512_and_si512(_mm512_srlv_epi16(hz, shr), m30), 0xEA);
+    }
+    for (int g = 0; g < 4; ++g) {
+      const __m512i idx = _mm512_set_epi32(4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 2, 4 * g + 2,
+                                           4 * g + 2, 4 * g + 2, 4 * g + 1, 4 * g + 1, 4 * g + 1, 4 * g + 1,
+                                           4 * g, 4 * g, 4 * g, 4 * g);
+      scw[g] = _mm512_permutexvar_epi32(idx, sc);
     }
     for (int j = 0; j < NV; ++j) {
-      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[j]), _mm512_set1_ps(d * load_f32(xs[j].q + K + k)), acc[j]);
+      const uint8_t* x = xs[j].q + k;
+      const __m512i z = _mm512_setzero_si512();
+      __m512i i0 = _mm512_madd_epi16(_mm512_dpbusd_epi32(z, cv[0], ld512(x)), scw[0]);
+      __m512i i1 = _mm512_madd_epi16(_mm512_dpbusd_epi32(z, cv[1], ld512(x + 64)), scw[1]);
+      i0 = _mm512_dpwssd_epi32(i0, _mm512_dpbusd_epi32(z, cv[2], ld512(x + 128)), scw[2]);
+      i1 = _mm512_dpwssd_epi32(i1, _mm512_dpbusd_epi32(z, cv[3], ld512(x + 192)), scw[3]);
+      i0 = _mm512_dpwssd_epi32(i0, _mm512_zextsi256_si512(ld256(xs[j].q + 2 * K + k / 8)), scm);
+      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)),
+                               _mm512_set1_ps(d * load_f32(xs[j].q + K + k)), acc[j]);
     }
   }
 };
-
 template <class T, int NV>
 void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
   const int nb = K / 256;
@@ -600,42 +611,84 @@ void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, flo
 
 }  // namespace
 
-void quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int lane_off, void* base) {
+// The int8 codes of the group x[0, n) (n a multiple of 32) into q (n bytes, xor `flip`); returns dx.
+inline float quantize_group(const float* x, int n, uint8_t* q, __m256i flip) {
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  __m512 mx = _mm512_setzero_ps();
+  for (int k = 0; k < n; k += 16) mx = _mm512_max_ps(mx, _mm512_and_ps(_mm512_loadu_ps(x + k), absmask));
+  const float amax = _mm512_reduce_max_ps(mx);
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  const __m512 vinv = _mm512_set1_ps(inv);
+  const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
+  for (int k = 0; k < n; k += 32) {
+    // round half to even (MXCSR default), |x * inv| <= 127 up to rounding: clamp, then narrow
+    const __m512i q0 = _mm512_max_epi32(
+        _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k), vinv)), lim), nlim);
+    const __m512i q1 = _mm512_max_epi32(
+        _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k + 16), vinv)), lim), nlim);
+    const __m256i qb =
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtepi32_epi8(q0)), _mm512_cvtepi32_epi8(q1), 1);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k), _mm256_xor_si256(qb, flip));
+  }
+  return amax / 127.f;
+}
+
+void quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int layout, void* base) {
   auto* b = static_cast<uint8_t*>(base);
-  uint8_t* q = b;
   auto* dl = reinterpret_cast<float*>(b + K);
   auto* xsum = reinterpret_cast<float*>(b + 2 * static_cast<size_t>(K));
-  auto* bs = reinterpret_cast<float*>(b + 2 * static_cast<size_t>(K) + K / 8);
   const __m256i flip = _mm256_set1_epi8(unsigned_x ? static_cast<char>(0x80) : 0);
-  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   for (int g = k0; g < k1; g += G) {
     const int ge = std::min(g + G, k1);  // a shorter last group (whole 32-blocks)
-    __m512 mx = _mm512_setzero_ps();
-    for (int k = g; k < ge; k += 16) mx = _mm512_max_ps(mx, _mm512_and_ps(_mm512_loadu_ps(x + k), absmask));
-    const float amax = _mm512_reduce_max_ps(mx);
-    const float dx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
-    const __m512 vinv = _mm512_set1_ps(inv);
+    float dx;
+    if (layout == kQ8KQuant && ge - g == 256) {
+      alignas(64) uint8_t codes[256];
+      dx = quantize_group(x + g, 256, codes, flip);
+      // sub-blocks 0, 2, 1, 3, 4, 6, 5, 7
+      for (int sb = 0; sb < 8; ++sb) {
+        const int pos = 4 * (sb / 4) + 2 * (sb % 2) + (sb % 4) / 2;
+        std::memcpy(b + g + 32 * pos, codes + 32 * sb, 32);
+      }
+    } else {
+      dx = quantize_group(x + g, ge - g, b + g, flip);
+    }
     for (int k = g; k < ge; k += 32) {
-      const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
-      xsum[k / 32] = _mm512_reduce_add_ps(_mm512_add_ps(x0, x1));
-      // round half to even (MXCSR default), |x * inv| <= 127 up to rounding: clamp, then narrow
-      const __m512i lim = _mm512_set1_epi32(127);
-      const __m512i q0 = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x0, vinv)), lim),
-                                          _mm512_sub_epi32(_mm512_setzero_si512(), lim));
-      const __m512i q1 = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x1, vinv)), lim),
-                                          _mm512_sub_epi32(_mm512_setzero_si512(), lim));
-      const __m256i qb = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtepi32_epi8(q0)),
-                                                 _mm512_cvtepi32_epi8(q1), 1);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k), _mm256_xor_si256(qb, flip));
-      if (lane_off != 0) {
-        alignas(32) int32_t l4[8];  // sums of 4 codes
-        _mm256_store_si256(reinterpret_cast<__m256i*>(l4),
-                           _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), qb));
-        const int32_t s0 = l4[0] + l4[1] + l4[2] + l4[3], s1 = l4[4] + l4[5] + l4[6] + l4[7];
-        bs[k / 32] = static_cast<float>(-lane_off * (s0 + s1));
+      if (layout == kQ8Q6K) {  // int16 sums of the codes per 16 elements in xsum's place
+        auto* cs = reinterpret_cast<int16_t*>(xsum) + k / 16;
+        for (int h = 0; h < 2; ++h) {
+          int sum = 0;
+          for (int i = 0; i < 16; ++i) sum += static_cast<int8_t>(b[k + 16 * h + i]);
+          cs[h] = static_cast<int16_t>(sum);
+        }
+      } else {
+        xsum[k / 32] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(x + k), _mm512_loadu_ps(x + k + 16)));
       }
       _mm256_storeu_ps(dl + k / 4, _mm256_set1_ps(dx));
     }
+  }
+}
+
+void quantize_q4_0(const float* x, int k0, int k1, void* base) {
+  for (int g = k0; g < k1; g += 256) {
+    uint8_t* rec = static_cast<uint8_t*>(base) + static_cast<size_t>(g / 256) * kQ4_0XGroupBytes;
+    const int n = std::min(256, k1 - g);
+    alignas(64) uint8_t codes[256];
+    std::memset(codes, 0, sizeof codes);
+    const float dx = quantize_group(x + g, n, codes, _mm256_setzero_si256());
+    // block b's elements 0..15 to bytes 128 (b / 4) + 16 (b % 4), 16..31 to 64 bytes further
+    for (int blk = 0; blk < 8; ++blk) {
+      uint8_t* dst = rec + 128 * (blk / 4) + 16 * (blk % 4);
+      std::memcpy(dst, codes + 32 * blk, 16);
+      std::memcpy(dst + 64, codes + 32 * blk + 16, 16);
+    }
+    for (int c = 0; c < 2; ++c) {
+      const __m512i lo = ld512(rec + 128 * c), hi = ld512(rec + 128 * c + 64);
+      const __m512i one = _mm512_set1_epi8(1);
+      const __m512i sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), one, lo), one, hi);
+      _mm512_storeu_si512(rec + 256 + 64 * c, _mm512_mullo_epi32(sum, _mm512_set1_epi32(-8)));
+    }
+    std::memset(rec + 384, 0, kQ4_0XGroupBytes - 384);
+    std::memcpy(rec + 384, &dx, sizeof dx);
   }
 }
 
@@ -688,18 +741,18 @@ namespace {
 // conversion).
 const TypeInfo kTypes[] = {
     {8, "Q8_0", 32, 34, FT_GGML_TIERS((rows_scalar<32, 34, deq_q8_0>), Q8_0), FT_GGML_Q8(q8_32, Q8_0), true, 32, 0},
-    {2, "Q4_0", 32, 18, FT_GGML_TIERS((rows_scalar<32, 18, deq_q4_0>), Q4_0), FT_GGML_Q8_Q4_0, false, 256, 8},
+    {2, "Q4_0", 32, 18, FT_GGML_TIERS((rows_scalar<32, 18, deq_q4_0>), Q4_0), FT_GGML_Q8_Q4_0, false, 256, kQ8Q4_0},
     {30, "BF16", 1, 2, {rows_bf16<Isa::scalar>, rows_bf16<Isa::avx2>, rows_bf16<Isa::avx512>, rows_bf16<Isa::avx512>},
      {multi_bf16<Isa::scalar>, multi_bf16<Isa::avx2>, multi_bf16<Isa::avx512>, multi_bf16<Isa::avx512>}, nullptr, false,
      32, 0},
     {1, "F16", 1, 2, FT_GGML_F16_TIERS, nullptr, false, 32, 0},
     {39, "MXFP4", 32, 17, FT_GGML_TIERS((rows_scalar<32, 17, deq_mxfp4>), MXFP4), nullptr, false, 32, 0},
     {12, "Q4_K", 256, 144, FT_GGML_TIERS((rows_scalar<256, 144, deq_q4_k>), Q4_K), FT_GGML_Q8(q8_256, QK45<false>),
-     false, 256, 0},
-    {14, "Q6_K", 256, 210, FT_GGML_TIERS((rows_scalar<256, 210, deq_q6_k>), Q6_K), FT_GGML_Q8(q8_256, Q6K), true,
-     256, 0},
+     false, 256, kQ8KQuant},
+    {14, "Q6_K", 256, 210, FT_GGML_TIERS((rows_scalar<256, 210, deq_q6_k>), Q6_K), FT_GGML_Q8(q8_256, Q6K), false,
+     256, kQ8Q6K},
     {13, "Q5_K", 256, 176, FT_GGML_TIERS((rows_scalar<256, 176, deq_q5_k>), Q5_K), FT_GGML_Q8(q8_256, QK45<true>),
-     false, 256, 0},
+     false, 256, kQ8KQuant},
 };
 
 }  // namespace
@@ -738,11 +791,13 @@ size_t row_bytes(const std::string& context, const TypeInfo& t, long long K, con
 }
 
 #if FT_X86
-void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int lane_off, void* base) {
-  vnni::quantize(x, k0, k1, K, G, unsigned_x, lane_off, base);
+void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int layout, void* base) {
+  vnni::quantize(x, k0, k1, K, G, unsigned_x, layout, base);
 }
+void q4_0_xq_quantize(const float* x, int k0, int k1, void* base) { vnni::quantize_q4_0(x, k0, k1, base); }
 #else
 void q8_quantize(const float*, int, int, int, int, bool, int, void*) { throw Error("q8_quantize needs AVX-512"); }
+void q4_0_xq_quantize(const float*, int, int, void*) { throw Error("q4_0_xq_quantize needs AVX-512"); }
 #endif
 
 GgmlMoeFormat::GgmlMoeFormat(const MoeParams& p, const Matrix& gate, const Matrix& up, const Matrix& down)
@@ -752,20 +807,30 @@ GgmlMoeFormat::GgmlMoeFormat(const MoeParams& p, const Matrix& gate, const Matri
   down_q8_ = tier && down.type->q8 != nullptr;
 }
 
+size_t GgmlMoeFormat::xq_bytes(const TypeInfo& t, int K) {
+  return t.q8_layout == kQ8Q4_0 ? q4_0_xq_bytes(K) : q8_bytes(K);
+}
+
+void GgmlMoeFormat::xq_quantize(const TypeInfo& t, const float* x, int k0, int k1, int K, void* base) {
+  if (t.q8_layout == kQ8Q4_0) {
+    q4_0_xq_quantize(x, k0, k1, base);
+  } else {
+    q8_quantize(x, k0, k1, K, t.q8_group, t.q8_xu, t.q8_layout, base);
+  }
+}
+
 void GgmlMoeFormat::prep_input(const TaskInput& in) {
   if (!gu_q8_) return;
   const int H = p_.hidden;
-  const size_t nb = q8_bytes(H);
+  const size_t nb = xq_bytes(*gate_.type, H);
   if (xq_.size() < in.num_tokens * nb) xq_.resize(in.num_tokens * nb);
   for (int t = 0; t < in.num_tokens; ++t) {
-    q8_quantize(in.x_f32 + static_cast<size_t>(t) * H, 0, H, H, gate_.type->q8_group, gate_.type->q8_xu,
-                gate_.type->q8_off,                 xq_.data() + t * nb);
+    xq_quantize(*gate_.type, in.x_f32 + static_cast<size_t>(t) * H, 0, H, H, xq_.data() + t * nb);
   }
 }
 
 void GgmlMoeFormat::prep_inter(const float* h, int i0, int i1, void* prepped) const {
-  if (down_q8_) q8_quantize(h, i0, i1, p_.intermediate, down_.type->q8_group, down_.type->q8_xu, down_.type->q8_off,
-                              prepped);
+  if (down_q8_) xq_quantize(*down_.type, h, i0, i1, p_.intermediate, prepped);
 }
 
 void GgmlMoeFormat::mat_rows(const Matrix& m, bool q8, int e, int r0, int r1, const float* const* xs,
@@ -793,7 +858,7 @@ void GgmlMoeFormat::gate_up_tokens(const TaskInput& in, int e, const int* tokens
   Q8Ref qs[kMaxTokensPerCall];
   for (int j = 0; j < n; ++j) {
     xs[j] = in.x_f32 + static_cast<size_t>(tokens[j]) * H;
-    if (gu_q8_) qs[j] = Q8Ref{xq_.data() + tokens[j] * q8_bytes(H)};
+    if (gu_q8_) qs[j] = Q8Ref{xq_.data() + tokens[j] * xq_bytes(*gate_.type, H)};
   }
   mat_rows(gate_, gu_q8_, e, i0, i1, xs, qs, n, H, gate, stride);
   mat_rows(up_, gu_q8_, e, i0, i1, xs, qs, n, H, up, stride);

@@ -40,31 +40,46 @@ using MultiFn = void (*)(const uint8_t* W, size_t ld, int nrows, const float* co
                          int os, int prefetch);
 
 // A vector of K elements quantized to int8 per group of G elements (G = 32 for Q8_0 as ggml's Q8_0
-// activations, 256 for the K-quants as its Q8_K and for Q4_0: one dx per 256, the per-block fp16
-// scale multiplies the int32 sums of a block; groups start at the first element quantized, the last
-// one may be shorter, whole 32-blocks) for the int8 (VNNI) kernels:
+// activations, 256 for the K-quants as its Q8_K and for Q4_0; groups start at the first element
+// quantized, the last one may be shorter, whole 32-blocks):
 //   code[k]  = round-half-even(x[k] * (127 / amax_g)) in fp32, amax_g = max |x| over the group of k
 //              (0 for a zero group), clamped to [-127, 127]; the value is code[k] * dx_g,
 //              dx_g = amax_g / 127
+// stored in one of two layouts (TypeInfo::q8_layout), one pointer per vector (Q8Ref):
+//
+// kQ8Plain (Q8_0), kQ8KQuant (Q4_K, Q5_K) and kQ8Q6K (Q6_K):
 //   q[k]     = code[k] as int8, or code[k] + 128 as uint8 when the weight type takes x unsigned
 //              (TypeInfo::q8_xu: VPDPBUSD multiplies unsigned by signed bytes; the weights' side is
 //              then signed and the +128 is taken out once per weight block, for all vectors)
 //   dl[l]    = dx of the group of lane l (elements 4l..4l+3)
 //   xsum[b]  = sum of the unquantized x over elements 32b..32b+31 (fp32; the min terms of Q4_K/Q5_K)
-//   bs[b]    = -off * (sum of the codes of block b, elements 32b..32b+31) as fp32 (exact), off =
-//              TypeInfo::q8_off, the constant offset of the weights' unsigned codes (8 for Q4_0; not
-//              written when it is 0): VPDPBUSD(unsigned codes, signed x) sums codes * x, the offset
-//              is taken out once per block
-// Bytes of a Q8 vector of K elements: q [K] bytes, dl [K/4] fp32 at byte K, xsum [K/32] fp32 at byte
-// 2K, bs [K/32] fp32 at byte 2K + K/8. Kernels address all from the vector's base (one pointer per
-// vector: dl of element k is at byte K + k, xsum of its 32-block at byte 2K + k/8, bs at 2K + K/8 + k/8).
-inline size_t q8_bytes(int K) { return 2 * static_cast<size_t>(K) + static_cast<size_t>(K) / 4; }
+//   q [K] bytes, dl [K/4] fp32 at byte K, xsum [K/32] fp32 at byte 2K (q8_bytes(K) in all): dl of
+//   element k is at byte K + k, xsum of its 32-block at byte 2K + k/8.
+//   kQ8KQuant: q of each whole group of 256 holds its 32-blocks in the order 0, 2, 1, 3, 4, 6, 5, 7
+//   (the order of Q4_K/Q5_K's nibbles in 64-byte loads); dl and xsum stay in element order.
+//   kQ8Q6K: xsum's bytes hold instead the int16 sums of the codes per 16 elements (Q6_K's offset 32
+//   times its scales: one VPDPWSSD per block).
+//
+// kQ8Q4_0 (Q4_0; G = 256): a record of kQ4_0XGroupBytes per group g of 256 elements (8 blocks; the
+// last group zero-padded), in the order the Q4_0 kernel unpacks nibbles:
+//   bytes 128c .. +63      codes of elements 0..15 of blocks 4c..4c+3 of the group (16 each, c = 0, 1)
+//   bytes 128c + 64 .. +63 codes of elements 16..31 of the same blocks
+//   bytes 256 + 64c .. +63 int32 lanes l = 0..15: -8 * (sum of the codes at bytes 128c + 4l .. +3 and
+//                          128c + 64 + 4l .. +3): the start of the VPDPBUSD lanes (Q4_0's offset 8)
+//   bytes 384 .. 387       dx of the group (fp32)
+inline size_t q8_bytes(int K) { return 2 * static_cast<size_t>(K) + static_cast<size_t>(K) / 8; }
+constexpr size_t kQ4_0XGroupBytes = 448;
+inline size_t q4_0_xq_bytes(int K) { return static_cast<size_t>((K + 255) / 256) * kQ4_0XGroupBytes; }
+enum Q8Layout : int { kQ8Plain = 0, kQ8Q4_0 = 1, kQ8KQuant = 2, kQ8Q6K = 3 };
 struct Q8Ref {
   const uint8_t* q;  // the vector's base
 };
-// Quantizes elements [k0, k1) (multiples of G) of x into the Q8 vector of K elements at `base`
+// Quantizes elements [k0, k1) (k0 a multiple of G) of x into the Q8 vector of K elements at `base`
 // (AVX-512; only the avx512_bf16 tier has q8 kernels).
-void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int lane_off, void* base);
+// layout: a Q8Layout other than kQ8Q4_0.
+void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int layout, void* base);
+// The same into the kQ8Q4_0 layout (k0 a multiple of 256; the group of k1 is zero-padded).
+void q4_0_xq_quantize(const float* x, int k0, int k1, void* base);
 // Int8 kernels: out[j * os + r] = row r . dequant(xs[j]) for n <= 8 vectors.
 using Q8Fn = void (*)(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os,
                       int prefetch);
@@ -79,7 +94,7 @@ struct TypeInfo {
   Q8Fn q8;                 // int8-activation kernels of the avx512_bf16 tier (AVX512-VNNI), or nullptr
   bool q8_xu;              // q8 takes x as unsigned (code + 128)
   int q8_group;            // elements per x scale that q8 expects (32 or 256)
-  int q8_off;              // the code offset of bs in q8's x (0: none)
+  int q8_layout;           // Q8Layout of the x that q8 takes
 };
 
 // The supported type of ggml id `id`, or nullptr.
@@ -118,11 +133,14 @@ class GgmlMoeFormat final : public MoeFormat {
   int pass1_rows() const override { return down_q8_ ? std::max(32, down_.type->q8_group) : 16; }
   int pass2_rows() const override { return kPass2Rows; }
   void prep_input(const TaskInput& in) override;
-  size_t inter_prep_bytes() const override { return down_q8_ ? q8_bytes(p_.intermediate) : 0; }
+  size_t inter_prep_bytes() const override { return down_q8_ ? xq_bytes(*down_.type, p_.intermediate) : 0; }
   void prep_inter(const float* h, int i0, int i1, void* prepped) const override;
 
  private:
   static constexpr int kPass2Rows = 16;
+  // Bytes of a Q8 vector of K elements for type t's q8 kernel, and its quantization (elements [k0, k1)).
+  static size_t xq_bytes(const TypeInfo& t, int K);
+  static void xq_quantize(const TypeInfo& t, const float* x, int k0, int k1, int K, void* base);
   // Rows [i0, i1) of one matrix of expert e times n vectors (float or Q8), into out[j * os + r].
   void mat_rows(const Matrix& m, bool q8, int e, int r0, int r1, const float* const* xs, const Q8Ref* qs, int n,
                 int K, float* out, int os) const;

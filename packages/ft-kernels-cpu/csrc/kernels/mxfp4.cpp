@@ -46,11 +46,9 @@ class Mxfp4Format final : public MoeFormat {
 
   void prep_input(const TaskInput& in) override {
     const int H = p_.hidden;
-    const size_t stride = fp4::vec_bytes(p_.isa, H);
+    const size_t stride = vec_bytes(H);
     xprep_.resize(stride * in.num_tokens);
-    for (int t = 0; t < in.num_tokens; ++t) {
-      fp4::prep_vec(p_.isa, in.x_f32 + static_cast<size_t>(t) * H, 0, H, xprep_.data() + t * stride);
-    }
+    for (int t = 0; t < in.num_tokens; ++t) prep(in.x_f32 + static_cast<size_t>(t) * H, 0, H, xprep_.data() + t * stride);
   }
 
   void gate_up(const TaskInput& /*in*/, int e, int t, int i0, int i1, float in_scale, float* gate,
@@ -60,8 +58,8 @@ class Mxfp4Format final : public MoeFormat {
     // Gate and up rows of [i0, i1) are the contiguous rows [2 i0, 2 i1): one stream.
     const size_t row0 = static_cast<size_t>(e) * 2 * I + 2 * static_cast<size_t>(i0);
     float tmp[2 * kMaxPass1Rows];
-    fp4::dot_rows(p_.isa, w13_ + row0 * (H / 2), s13_ + row0 * (H / 32), 2 * n,
-                  xprep_.data() + t * fp4::vec_bytes(p_.isa, p_.hidden), p_.hidden, tmp, pf_);
+    const void* x = xprep_.data() + t * vec_bytes(p_.hidden);
+    dot(w13_ + row0 * (H / 2), s13_ + row0 * (H / 32), 2 * n, &x, 1, p_.hidden, tmp, 0);
     const uint16_t* b = b13_ ? b13_ + row0 : nullptr;
     for (int i = 0; i < n; ++i) {
       gate[i] = in_scale * tmp[2 * i] + (b ? bf16_to_f32(b[2 * i]) : 0.f);
@@ -78,13 +76,12 @@ class Mxfp4Format final : public MoeFormat {
     const size_t H = p_.hidden, I = p_.intermediate;
     const int rows = i1 - i0;
     const size_t row0 = static_cast<size_t>(e) * 2 * I + 2 * static_cast<size_t>(i0);
-    const size_t xstride = fp4::vec_bytes(p_.isa, p_.hidden);
+    const size_t xstride = vec_bytes(p_.hidden);
     const void* xs[kMaxTokensPerCall];
     for (int j = 0; j < n; ++j) xs[j] = xprep_.data() + tokens[j] * xstride;
     // The 2 * rows interleaved gate/up rows of each token, one stream for all n tokens.
     float tmp[kMaxTokensPerCall * 2 * kMaxPass1Rows];
-    fp4::dot_rows_multi(p_.isa, w13_ + row0 * (H / 2), s13_ + row0 * (H / 32), 2 * rows, xs, n, p_.hidden, tmp,
-                        2 * kMaxPass1Rows, pf_);
+    dot(w13_ + row0 * (H / 2), s13_ + row0 * (H / 32), 2 * rows, xs, n, p_.hidden, tmp, 2 * kMaxPass1Rows);
     const uint16_t* b = b13_ ? b13_ + row0 : nullptr;
     for (int j = 0; j < n; ++j) {
       const float* t = tmp + j * 2 * kMaxPass1Rows;
@@ -97,11 +94,9 @@ class Mxfp4Format final : public MoeFormat {
     }
   }
 
-  size_t inter_prep_bytes() const override { return fp4::vec_bytes(p_.isa, p_.intermediate); }
+  size_t inter_prep_bytes() const override { return vec_bytes(p_.intermediate); }
 
-  void prep_inter(const float* h, int i0, int i1, void* prepped) const override {
-    fp4::prep_vec(p_.isa, h + i0, i0, i1, prepped);
-  }
+  void prep_inter(const float* h, int i0, int i1, void* prepped) const override { prep(h + i0, i0, i1, prepped); }
 
   void down_rows(int e, int h0, int h1, const RouteRef* routes, int n, float* out, int stride) const override {
     const size_t H = p_.hidden, I = p_.intermediate;
@@ -109,8 +104,7 @@ class Mxfp4Format final : public MoeFormat {
     const size_t row0 = static_cast<size_t>(e) * H + h0;
     const void* hs[kMaxTokensPerCall];
     for (int j = 0; j < n; ++j) hs[j] = routes[j].h_prepped;
-    fp4::dot_rows_multi(p_.isa, w2_ + row0 * (I / 2), s2_ + row0 * (I / 32), rows, hs, n, p_.intermediate, out,
-                        stride, pf_);
+    dot(w2_ + row0 * (I / 2), s2_ + row0 * (I / 32), rows, hs, n, p_.intermediate, out, stride);
     if (b2_) {
       const uint16_t* b = b2_ + row0;
       for (int j = 0; j < n; ++j) {
@@ -120,11 +114,31 @@ class Mxfp4Format final : public MoeFormat {
   }
 
  private:
+  // The tier's prepared vectors and row kernels: int8 activations in the avx512_bf16 tier
+  // (fp4_common.h, q8_*), the tier's own layout otherwise.
+  size_t vec_bytes(int K) const { return q8_ ? fp4::q8_vec_bytes(K) : fp4::vec_bytes(p_.isa, K); }
+  void prep(const float* v, int i0, int i1, void* out) const {
+    if (q8_) {
+      fp4::q8_prep_vec(v, i0, i1, out);
+    } else {
+      fp4::prep_vec(p_.isa, v, i0, i1, out);
+    }
+  }
+  void dot(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K, float* out,
+           int os) const {
+    if (q8_) {
+      fp4::q8_dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_);
+    } else {
+      fp4::dot_rows_multi(p_.isa, W, S, nrows, xs, n, K, out, os, pf_);
+    }
+  }
+
   static constexpr int kMaxPass1Rows = 128;
   static constexpr int kPass2Rows = 64;  // down rows per unit: one stream of 64 rows per route
 
   MoeParams p_;
   int pf_ = fp4::prefetch_distance(p_.prefetch, p_.prefetch_explicit);  // after p_ (declaration order)
+  bool q8_ = FT_X86 && p_.isa == Isa::avx512_bf16;
   const uint8_t* w13_;
   const uint8_t* s13_;
   const uint16_t* b13_;

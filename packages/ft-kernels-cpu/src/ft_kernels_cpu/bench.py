@@ -7,6 +7,12 @@ last-level cache, between two read-bandwidth samples taken with the same threads
 shared machines, so each timed row is compared with its neighbours). Effective GB/s counts the bytes
 of expert weights a step touches (each distinct expert once) over its time; `ratio` is the median of
 the per-sample ratios gbs / read_gbs.
+
+With --pool-mib N the rotating pool is N MiB of experts instead (at least one step's top_k
+experts): a pool that fits a cache measures the kernels' compute throughput out of that cache, e.g.
+`--pool-mib 1 --threads 1 --top-k 1` for one core's in-cache GB/s of quantized weight bytes (the log
+says which cache level the pool fits; one expert of the larger shapes is bigger than an L2, so the
+pool then sits in the last-level cache). The read GB/s column stays the DRAM read bandwidth.
 """
 
 from __future__ import annotations
@@ -45,6 +51,29 @@ def last_level_cache_bytes() -> int:
     return best or 64 << 20
 
 
+def cache_bytes(level: int) -> int:
+    """Size of cpu0's unified or data cache of `level` from sysfs (0 when unknown)."""
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in sorted(os.listdir(base)):
+            try:
+                with open(os.path.join(base, entry, "level")) as f:
+                    if int(f.read()) != level:
+                        continue
+                with open(os.path.join(base, entry, "type")) as f:
+                    if f.read().strip() == "Instruction":
+                        continue
+                with open(os.path.join(base, entry, "size")) as f:
+                    text = f.read().strip()
+            except (OSError, ValueError):
+                continue
+            mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            return int(text.rstrip("KMG")) * mult
+    except OSError:
+        pass
+    return 0
+
+
 def bench_format(
     fmt: str,
     shape_name: str,
@@ -56,18 +85,38 @@ def bench_format(
     log: Callable[[str], None],
     prefetch: int | None = None,
     routing: str = "distinct",
+    pool_mib: float | None = None,
+    top_k: int | None = None,
 ) -> dict:
     shape = get_shape(shape_name)
+    if top_k is not None:
+        shape = shape._replace(top_k=top_k)
     bench_fmt = bench_formats.load(fmt)
     rng = np.random.default_rng(0)
     llc = last_level_cache_bytes()
     expert_bytes = bench_fmt.expert_bytes(shape)
     # Enough experts that a rotation reads 8x the last-level cache (at least 1 GiB) and never fewer
     # than two steps' worth: an expert is back in a step only after all the others were read.
-    pool = max(2 * shape.top_k * batch, -(-max(8 * llc, 1 << 30) // expert_bytes))
+    # With pool_mib: as many experts as fit in pool_mib MiB, at least one step's top_k (the pool is
+    # then re-read every step and stays in whichever cache holds it).
+    if pool_mib is None:
+        pool = max(2 * shape.top_k * batch, -(-max(8 * llc, 1 << 30) // expert_bytes))
+        where = ""
+    else:
+        pool = max(shape.top_k, int(pool_mib * 2**20) // expert_bytes)
+        pool_bytes = pool * expert_bytes
+        l2 = cache_bytes(2)
+        where = (
+            ", fits L2"
+            if l2 and pool_bytes <= l2
+            else ", fits LLC"
+            if pool_bytes <= llc
+            else ", larger than the LLC"
+        )
     log(
         f"# {fmt} {shape_name}: hidden={shape.hidden} intermediate={shape.intermediate} top_k={shape.top_k} "
-        f"batch={batch}, {pool} experts ({pool * expert_bytes / 2**30:.2f} GiB, LLC {llc / 2**20:.0f} MiB)"
+        f"batch={batch}, {pool} experts ({pool * expert_bytes / 2**20:.1f} MiB{where}, "
+        f"LLC {llc / 2**20:.0f} MiB)"
     )
     t0 = time.perf_counter()
     banks = bench_fmt.banks(shape, pool, rng)
@@ -144,6 +193,8 @@ def bench_format(
         "threads": ex.num_threads,
         "batch": batch,
         "routing": routing,
+        "top_k": shape.top_k,
+        "pool_mib": round(pool * expert_bytes / 2**20, 2),
         "isa": ex.isa,
         "prefetch": ex.prefetch_bytes,
         "gbs": round(gbs, 2),
@@ -189,6 +240,15 @@ def main(argv: list[str] | None = None) -> int:
         default="distinct",
         help="distinct: every token of a step takes its own experts; shared: all take the same ones",
     )
+    p.add_argument(
+        "--pool-mib",
+        type=float,
+        default=None,
+        help="size of the rotating expert pool in MiB (at least one step's experts; default: 8x the "
+        "last-level cache, >= 1 GiB, so that weights come from DRAM). A pool that fits a cache measures "
+        "compute throughput, e.g. --pool-mib 1 --threads 1 --top-k 1: one core's in-cache GB/s",
+    )
+    p.add_argument("--top-k", type=int, default=None, help="experts per token (default: the shape's)")
     p.add_argument("--samples", type=int, default=7, help="timed rows, each between two bandwidth samples")
     p.add_argument("--min-time", type=float, default=0.25, help="seconds per timed row (default 0.25)")
     p.add_argument("--isa", default=None, help="ISA tier (default: best, or $FT_CPU_MOE_ISA)")
@@ -202,6 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.batch < 1:
         p.error(f"--batch must be >= 1, got {a.batch}")
+    if a.pool_mib is not None and a.pool_mib <= 0:
+        p.error(f"--pool-mib must be > 0, got {a.pool_mib}")
+    if a.top_k is not None and a.top_k < 1:
+        p.error(f"--top-k must be >= 1, got {a.top_k}")
     if a.samples < 1:
         p.error(f"--samples must be >= 1, got {a.samples}")
     threads = a.threads if a.threads is not None else fk.physical_cores()
@@ -218,7 +282,20 @@ def main(argv: list[str] | None = None) -> int:
 
     log = lambda s: print(s, file=sys.stderr if a.json else sys.stdout, flush=True)  # noqa: E731
     results = [
-        bench_format(f, a.shape, threads, a.batch, a.samples, a.min_time, a.isa, log, a.prefetch, a.routing)
+        bench_format(
+            f,
+            a.shape,
+            threads,
+            a.batch,
+            a.samples,
+            a.min_time,
+            a.isa,
+            log,
+            a.prefetch,
+            a.routing,
+            pool_mib=a.pool_mib,
+            top_k=a.top_k,
+        )
         for f in formats
     ]
     log("")
