@@ -17,6 +17,7 @@
 //  - avx512_bf16: 64 bytes -> 2 x 32 bf16 words by shifts and one VPTERNLOG each (exact: e4m3 fits
 //    bf16), VDPBF16PS with bf16 x and the intermediate rounded to bf16, both in even/odd order per
 //    64 elements (prep_input / prep_inter). Exponent-0 codes (zeros, subnormals) take a fix-up.
+//    Whole blocks of the usual B = 128 run as straight-line code (both chunks decoded at once).
 // The batched hooks decode each weight chunk once and multiply it into up to 8 vectors.
 #include <algorithm>
 #include <cmath>
