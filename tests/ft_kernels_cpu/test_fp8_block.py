@@ -160,14 +160,17 @@ def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
     )
 
 
+@pytest.mark.parametrize("B", [48, 128])
 @pytest.mark.parametrize("isa", TIERS)
-def test_zero_and_subnormal_codes(isa: str) -> None:
+def test_zero_and_subnormal_codes(isa: str, B: int) -> None:
     # Only codes with exponent 0 or 1 (both zeros, the subnormals m * 2^-9, the smallest normals),
     # scaled up to O(1) dot products: a wrong subnormal decode (the bf16 tier's fix-up path) shows at
     # full size here, where among all codes they would hide under the large ones. A last chunk of
-    # 64 and blocks of 48 put fix-ups in masked tails too.
+    # 64 and blocks of 48 put fix-ups in masked tails too; B = 128 with H = 300 and I = 260 runs the
+    # bf16 tier's whole-block path (two chunks decoded together) on full blocks, then a partial one.
     rng = np.random.default_rng(17)
-    E, H, I, top_k, T, B = 3, 200, 100, 2, 3, 48
+    E, top_k, T = 3, 2, 3
+    H, I = (200, 100) if B == 48 else (300, 260)
     banks = make_layer(rng, E, H, I, B)
     for name in ("w13", "w2"):
         banks[name] = (

@@ -17,6 +17,7 @@
 //  - avx512_bf16: 64 bytes -> 2 x 32 bf16 words by shifts and one VPTERNLOG each (exact: e4m3 fits
 //    bf16), VDPBF16PS with bf16 x and the intermediate rounded to bf16, both in even/odd order per
 //    64 elements (prep_input / prep_inter). Exponent-0 codes (zeros, subnormals) take a fix-up.
+//    Whole blocks of the usual B = 128 run as straight-line code (both chunks decoded at once).
 // The batched hooks decode each weight chunk once and multiply it into up to 8 vectors.
 #include <algorithm>
 #include <cmath>
@@ -159,7 +160,52 @@ FT_TARGET_AVX512_BF16 void fp8_row_bf16x(const uint8_t* w, const float* S, int B
   const int CB = (B + 63) / 64 * 64;
   __m512 tot[N];
   for (int j = 0; j < N; ++j) tot[j] = _mm512_setzero_ps();
-  for (int c0 = 0, c = 0; c0 < K; c0 += B, ++c) {
+  int c0 = 0, c = 0;
+  if (B == 128) {
+    // The usual block size, whole blocks: both chunks of a block decoded at once (one exponent-0 test
+    // for the two), the block's products in straight-line code. Same operations in the same order as
+    // the general loop below (bit-identical results), without its per-chunk loop and masks: measured
+    // on Zen 5 (1 thread, in cache) 20 -> 30-34 GB/s.
+    const __m512i keep = _mm512_set1_epi16(static_cast<short>(0x87F0)), e128 = _mm512_set1_epi16(0x4000);
+    const __m512i ex = _mm512_set1_epi8(0x78);
+    for (; c0 + 128 <= K; c0 += 128, ++c) {
+      const uint8_t* wb = w + c0;
+      if (pf.dist) {
+        pf.ahead(wb);
+        pf.ahead(wb + 64);
+      }
+      const __m512i b0 = _mm512_loadu_si512(wb), b1 = _mm512_loadu_si512(wb + 64);
+      __m512i we0, wo0, we1, wo1;
+      if (_kortestz_mask64_u8(_mm512_testn_epi8_mask(b0, ex), _mm512_testn_epi8_mask(b1, ex))) {
+        we0 = _mm512_ternarylogic_epi32(_mm512_srai_epi16(_mm512_slli_epi16(b0, 8), 4), keep, e128, 0xEA);
+        wo0 = _mm512_ternarylogic_epi32(_mm512_srai_epi16(b0, 4), keep, e128, 0xEA);
+        we1 = _mm512_ternarylogic_epi32(_mm512_srai_epi16(_mm512_slli_epi16(b1, 8), 4), keep, e128, 0xEA);
+        wo1 = _mm512_ternarylogic_epi32(_mm512_srai_epi16(b1, 4), keep, e128, 0xEA);
+      } else {
+        e4m3x64_bf16(b0, ~0ull, we0, wo0);
+        e4m3x64_bf16(b1, ~0ull, we1, wo1);
+      }
+      const __m512 s = _mm512_set1_ps(S[c]);
+      for (int j = 0; j < N; ++j) {
+        const uint16_t* xc = xs[j] + static_cast<size_t>(c) * 128;
+        const __m512 z = _mm512_setzero_ps();
+        if constexpr (N <= 2) {
+          __m512 ae = _mm512_dpbf16_ps(z, (__m512bh)we0, (__m512bh)_mm512_loadu_si512(xc));
+          __m512 ao = _mm512_dpbf16_ps(z, (__m512bh)wo0, (__m512bh)_mm512_loadu_si512(xc + 32));
+          ae = _mm512_dpbf16_ps(ae, (__m512bh)we1, (__m512bh)_mm512_loadu_si512(xc + 64));
+          ao = _mm512_dpbf16_ps(ao, (__m512bh)wo1, (__m512bh)_mm512_loadu_si512(xc + 96));
+          tot[j] = _mm512_fmadd_ps(_mm512_add_ps(ae, ao), s, tot[j]);
+        } else {
+          __m512 a = _mm512_dpbf16_ps(z, (__m512bh)we0, (__m512bh)_mm512_loadu_si512(xc));
+          a = _mm512_dpbf16_ps(a, (__m512bh)wo0, (__m512bh)_mm512_loadu_si512(xc + 32));
+          a = _mm512_dpbf16_ps(a, (__m512bh)we1, (__m512bh)_mm512_loadu_si512(xc + 64));
+          a = _mm512_dpbf16_ps(a, (__m512bh)wo1, (__m512bh)_mm512_loadu_si512(xc + 96));
+          tot[j] = _mm512_fmadd_ps(a, s, tot[j]);
+        }
+      }
+    }
+  }
+  for (; c0 < K; c0 += B, ++c) {
     const int n = std::min(B, K - c0);
     const uint8_t* wb = w + c0;
     pf.ahead_range(wb, n);
