@@ -55,11 +55,7 @@ class DsFp4Format final : public MoeFormat {
     const int H = p_.hidden;
     const size_t stride = vec_bytes(H);
     xprep_.resize(stride * in.num_tokens);
-    xq_.resize(H);
-    for (int t = 0; t < in.num_tokens; ++t) {
-      fp4::fp8_round_trip(in.x_f32 + static_cast<size_t>(t) * H, H, act_block_, xq_.data());
-      prep_vec(xq_.data(), 0, H, xprep_.data() + t * stride);
-    }
+    for (int t = 0; t < in.num_tokens; ++t) round_trip_prep(in.x_f32 + static_cast<size_t>(t) * H, 0, H, xprep_.data() + t * stride);
   }
 
   void gate_up(const TaskInput& /*in*/, int e, int t, int i0, int i1, float in_scale, float* gate,
@@ -98,9 +94,7 @@ class DsFp4Format final : public MoeFormat {
   size_t inter_prep_bytes() const override { return vec_bytes(p_.intermediate); }
 
   void prep_inter(const float* h, int i0, int i1, void* prepped) const override {
-    float hq[kPass1Rows];
-    fp4::fp8_round_trip(h + i0, i1 - i0, act_block_, hq);
-    prep_vec(hq, i0, i1, prepped);
+    round_trip_prep(h + i0, i0, i1, prepped);
   }
 
   void down_rows(int e, int h0, int h1, const RouteRef* routes, int n, float* out, int stride) const override {
@@ -114,11 +108,17 @@ class DsFp4Format final : public MoeFormat {
  private:
   // The kernels of the tier: ds_fp4's own bf16 kernels or the shared FP4 ones (ds_fp4_kernels.h).
   size_t vec_bytes(int K) const { return bf16_ ? dsfp4::vec_bytes(K) : fp4::vec_bytes(p_.isa, K); }
-  void prep_vec(const float* v, int i0, int i1, void* out) const {
+  // The fp8 round trip of elements [i0, i1), given as v[i - i0], into the prepared vector `out`.
+  void round_trip_prep(const float* v, int i0, int i1, void* out) const {
     if (bf16_) {
-      dsfp4::prep_vec(v, i0, i1, out);
-    } else {
-      fp4::prep_vec(p_.isa, v, i0, i1, out);
+      dsfp4::fp8_prep_vec(v, i0, i1, act_block_, out);
+      return;
+    }
+    float q[kPass1Rows];  // i1 - i0 <= kPass1Rows in prep_inter; prep_input goes 128 at a time
+    for (int g = i0; g < i1; g += kPass1Rows) {
+      const int n = std::min(kPass1Rows, i1 - g);
+      fp4::fp8_round_trip(v + (g - i0), n, act_block_, q);
+      fp4::prep_vec(p_.isa, q, g, g + n, out);
     }
   }
   // out[j * os + r] = W[r] . xs[j], j < n.
@@ -143,7 +143,6 @@ class DsFp4Format final : public MoeFormat {
   const uint8_t* w2_;
   const uint8_t* s2_;
   AlignedBuffer<uint8_t> xprep_;  // [T] round-tripped, prepared tokens
-  AlignedBuffer<float> xq_;
 };
 
 std::unique_ptr<MoeFormat> make_ds_fp4_format(const MoeParams& params, FormatArgs& args) {

@@ -148,9 +148,70 @@ FT_TARGET_AVX512_BF16 void rows(const uint8_t* W, const uint8_t* S, int nrows, c
   }
 }
 
+// Round trip of v[0, n), n <= 128 elements in blocks of `block` from v[0], into q[0, n).
+FT_TARGET_AVX512_BF16 void round_trip_avx512(const float* v, int n, int block, float* q) {
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  const __m512 small = _mm512_set1_ps(0.015625f), sat = _mm512_set1_ps(448.f);
+  for (int b0 = 0; b0 < n; b0 += block) {
+    const int m = std::min(block, n - b0);
+    __m512 mx = _mm512_setzero_ps();
+    for (int i = 0; i < m; i += 16) {
+      const __mmask16 k = m - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (m - i)) - 1u);
+      mx = _mm512_max_ps(mx, _mm512_and_ps(_mm512_maskz_loadu_ps(k, v + b0 + i), absmask));
+    }
+    // The scale exactly as fp8_round_trip: max(amax, 1e-4) / 448 rounded up to a power of two.
+    float s = std::max(_mm512_reduce_max_ps(mx), 1e-4f) / 448.f;
+    uint32_t bits;
+    std::memcpy(&bits, &s, sizeof bits);
+    if (bits & 0x7fffffu) bits = (bits & 0xff800000u) + 0x800000u;
+    std::memcpy(&s, &bits, sizeof s);
+    // v / s == v * (1 / s) exactly: s is a power of two within the normal range, so is 1 / s.
+    const __m512 inv = _mm512_set1_ps(1.f / s), sv = _mm512_set1_ps(s);
+    for (int i = 0; i < m; i += 16) {
+      const __mmask16 k = m - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (m - i)) - 1u);
+      const __m512 y = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, v + b0 + i), inv);
+      const __m512 a = _mm512_and_ps(y, absmask);
+      // Below 2^-6: multiples of 2^-9, nearest even (ROUNDSCALE keeping 9 fraction bits). Above:
+      // 3 mantissa bits, nearest even, by the integer carry of fp8_round_trip.
+      const __m512 r_small = _mm512_roundscale_ps(a, (9 << 4) | _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m512i ai = _mm512_castps_si512(a);
+      const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(ai, 20), _mm512_set1_epi32(1));
+      const __m512i big = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(ai, _mm512_set1_epi32(0x7ffff)), odd),
+                                           _mm512_set1_epi32(~0xfffff));
+      __m512 r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, small, _CMP_LT_OQ), _mm512_castsi512_ps(big), r_small);
+      r = _mm512_min_ps(r, sat);
+      // copysign(r, y), then * s (exact: a power of two, no underflow for r >= 2^-9)
+      r = _mm512_or_ps(r, _mm512_andnot_ps(absmask, y));
+      _mm512_mask_storeu_ps(q + b0 + i, k, _mm512_mul_ps(r, sv));
+    }
+  }
+}
+
 #endif  // FT_X86
 
 }  // namespace
+
+void fp8_prep_vec(const float* v, int i0, int i1, int block, void* out) {
+  uint16_t* o = static_cast<uint16_t*>(out);
+  alignas(64) float q[128];
+  for (int g = i0; g < i1; g += 128) {
+    const int n = std::min(128, i1 - g);
+#if FT_X86
+    round_trip_avx512(v + (g - i0), n, block, q);
+#else
+    fp4::fp8_round_trip(v + (g - i0), n, block, q);
+#endif
+    // The round-tripped values are exact in bf16: the top half of the fp32 bits.
+    for (int j = 0; j < 4; ++j) {
+      for (int k = 0; k < 32; ++k) {
+        const int e = 4 * k + j;
+        uint32_t bits = 0;
+        if (e < n) std::memcpy(&bits, q + e, sizeof bits);
+        o[g + 32 * j + k] = static_cast<uint16_t>(bits >> 16);
+      }
+    }
+  }
+}
 
 bool use_bf16_kernels(Isa isa) {
   if (isa != Isa::avx512_bf16) return false;
@@ -163,18 +224,6 @@ bool use_bf16_kernels(Isa isa) {
 }
 
 size_t vec_bytes(int K) { return (static_cast<size_t>(K) + 127) / 128 * 128 * sizeof(uint16_t); }
-
-void prep_vec(const float* v, int i0, int i1, void* out) {
-  uint16_t* o = static_cast<uint16_t*>(out);
-  for (int g = i0; g < i1; g += 128) {
-    for (int j = 0; j < 4; ++j) {
-      for (int k = 0; k < 32; ++k) {
-        const int e = g + 4 * k + j;
-        o[g + 32 * j + k] = e < i1 ? f32_to_bf16(v[e - i0]) : 0;
-      }
-    }
-  }
-}
 
 void dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K, float* out,
                     int os, int prefetch) {

@@ -19,8 +19,11 @@ namespace dsfp4 {
 bool use_bf16_kernels(Isa isa);
 
 size_t vec_bytes(int K);
-// Elements [i0, i1) given as v[i - i0]; i0 a multiple of 128, i1 a multiple of 128 or the end.
-void prep_vec(const float* v, int i0, int i1, void* out);
+// The fp8 e4m3 round trip of fp4_common.h's fp8_round_trip (same arithmetic, bit for bit: blocks of
+// `block` from v[0], power-of-two scales, round to nearest even, saturation) fused with the layout above:
+// elements [i0, i1) given as v[i - i0], i0 a multiple of 128, i1 a multiple of 128 or the end.
+// AVX-512 (the tier of these kernels); the scalar round trip spent more than the down rows' kernel.
+void fp8_prep_vec(const float* v, int i0, int i1, int block, void* out);
 
 // out[j * os + r] = W[r] . xs[j] for n <= 8 prepared vectors, W/S as in fp4_common.h (e2m1 nibbles,
 // e8m0 per 32), each weight step decoded once for all n vectors. `prefetch`: bytes ahead (0: off).
