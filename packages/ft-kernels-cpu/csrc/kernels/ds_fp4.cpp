@@ -3,7 +3,8 @@
 // before each GEMM, with one power-of-two scale per block of `act_block` elements (fp4_common.h,
 // fp8_round_trip): x before gate/up (prep_input), the activated intermediate before down
 // (prep_inter). The round-tripped values are q * 2^k with a 4-bit significand, exact in bf16, so the
-// avx512_bf16 tier loses nothing by holding them as bf16. Kernels: fp4_kernels.cpp.
+// avx512_bf16 tier loses nothing by holding them as bf16. Kernels: ds_fp4_kernels.cpp in the
+// avx512_bf16 tier (on Intel only with FT_CPU_MOE_DSFP4_BF16=1), else fp4_kernels.cpp.
 //
 // Banks (E experts, H hidden, I intermediate; H and I multiples of 32):
 //   w13        [E, 2I, H/2]  u8   gate rows 0..I-1, then up rows I..2I-1 (not interleaved)
@@ -14,6 +15,7 @@
 #include <algorithm>
 #include <string>
 
+#include "ds_fp4_kernels.h"
 #include "fp4_common.h"
 #include "format.h"
 
@@ -51,23 +53,19 @@ class DsFp4Format final : public MoeFormat {
 
   void prep_input(const TaskInput& in) override {
     const int H = p_.hidden;
-    const size_t stride = fp4::vec_bytes(p_.isa, H);
+    const size_t stride = vec_bytes(H);
     xprep_.resize(stride * in.num_tokens);
-    xq_.resize(H);
-    for (int t = 0; t < in.num_tokens; ++t) {
-      fp4::fp8_round_trip(in.x_f32 + static_cast<size_t>(t) * H, H, act_block_, xq_.data());
-      fp4::prep_vec(p_.isa, xq_.data(), 0, H, xprep_.data() + t * stride);
-    }
+    for (int t = 0; t < in.num_tokens; ++t) round_trip_prep(in.x_f32 + static_cast<size_t>(t) * H, 0, H, xprep_.data() + t * stride);
   }
 
   void gate_up(const TaskInput& /*in*/, int e, int t, int i0, int i1, float in_scale, float* gate,
                float* up) const override {
     const size_t H = p_.hidden, I = p_.intermediate;
     const int n = i1 - i0;
-    const uint8_t* x = xprep_.data() + t * fp4::vec_bytes(p_.isa, p_.hidden);
+    const void* x = xprep_.data() + t * vec_bytes(p_.hidden);
     const size_t g0 = static_cast<size_t>(e) * 2 * I + i0, u0 = g0 + I;
-    fp4::dot_rows(p_.isa, w13_ + g0 * (H / 2), s13_ + g0 * (H / 32), n, x, p_.hidden, gate, pf_);
-    fp4::dot_rows(p_.isa, w13_ + u0 * (H / 2), s13_ + u0 * (H / 32), n, x, p_.hidden, up, pf_);
+    dot_rows(w13_ + g0 * (H / 2), s13_ + g0 * (H / 32), n, &x, 1, p_.hidden, gate, n);
+    dot_rows(w13_ + u0 * (H / 2), s13_ + u0 * (H / 32), n, &x, 1, p_.hidden, up, n);
     if (in_scale != 1.f) {
       for (int i = 0; i < n; ++i) gate[i] *= in_scale, up[i] *= in_scale;
     }
@@ -81,24 +79,22 @@ class DsFp4Format final : public MoeFormat {
     }
     const size_t H = p_.hidden, I = p_.intermediate;
     const int rows = i1 - i0;
-    const size_t xstride = fp4::vec_bytes(p_.isa, p_.hidden);
+    const size_t xstride = vec_bytes(p_.hidden);
     const void* xs[kMaxTokensPerCall];
     for (int j = 0; j < n; ++j) xs[j] = xprep_.data() + tokens[j] * xstride;
     const size_t g0 = static_cast<size_t>(e) * 2 * I + i0, u0 = g0 + I;
-    fp4::dot_rows_multi(p_.isa, w13_ + g0 * (H / 2), s13_ + g0 * (H / 32), rows, xs, n, p_.hidden, gate, stride, pf_);
-    fp4::dot_rows_multi(p_.isa, w13_ + u0 * (H / 2), s13_ + u0 * (H / 32), rows, xs, n, p_.hidden, up, stride, pf_);
+    dot_rows(w13_ + g0 * (H / 2), s13_ + g0 * (H / 32), rows, xs, n, p_.hidden, gate, stride);
+    dot_rows(w13_ + u0 * (H / 2), s13_ + u0 * (H / 32), rows, xs, n, p_.hidden, up, stride);
     for (int j = 0; j < n; ++j) {
       if (in_scales[j] == 1.f) continue;
       for (int i = 0; i < rows; ++i) gate[j * stride + i] *= in_scales[j], up[j * stride + i] *= in_scales[j];
     }
   }
 
-  size_t inter_prep_bytes() const override { return fp4::vec_bytes(p_.isa, p_.intermediate); }
+  size_t inter_prep_bytes() const override { return vec_bytes(p_.intermediate); }
 
   void prep_inter(const float* h, int i0, int i1, void* prepped) const override {
-    float hq[kPass1Rows];
-    fp4::fp8_round_trip(h + i0, i1 - i0, act_block_, hq);
-    fp4::prep_vec(p_.isa, hq, i0, i1, prepped);
+    round_trip_prep(h + i0, i0, i1, prepped);
   }
 
   void down_rows(int e, int h0, int h1, const RouteRef* routes, int n, float* out, int stride) const override {
@@ -106,23 +102,47 @@ class DsFp4Format final : public MoeFormat {
     const size_t row0 = static_cast<size_t>(e) * H + h0;
     const void* hs[kMaxTokensPerCall];
     for (int j = 0; j < n; ++j) hs[j] = routes[j].h_prepped;
-    fp4::dot_rows_multi(p_.isa, w2_ + row0 * (I / 2), s2_ + row0 * (I / 32), h1 - h0, hs, n, p_.intermediate, out,
-                        stride, pf_);
+    dot_rows(w2_ + row0 * (I / 2), s2_ + row0 * (I / 32), h1 - h0, hs, n, p_.intermediate, out, stride);
   }
 
  private:
+  // The kernels of the tier: ds_fp4's own bf16 kernels or the shared FP4 ones (ds_fp4_kernels.h).
+  size_t vec_bytes(int K) const { return bf16_ ? dsfp4::vec_bytes(K) : fp4::vec_bytes(p_.isa, K); }
+  // The fp8 round trip of elements [i0, i1), given as v[i - i0], into the prepared vector `out`.
+  void round_trip_prep(const float* v, int i0, int i1, void* out) const {
+    if (bf16_) {
+      dsfp4::fp8_prep_vec(v, i0, i1, act_block_, out);
+      return;
+    }
+    float q[kPass1Rows];  // i1 - i0 <= kPass1Rows in prep_inter; prep_input goes 128 at a time
+    for (int g = i0; g < i1; g += kPass1Rows) {
+      const int n = std::min(kPass1Rows, i1 - g);
+      fp4::fp8_round_trip(v + (g - i0), n, act_block_, q);
+      fp4::prep_vec(p_.isa, q, g, g + n, out);
+    }
+  }
+  // out[j * os + r] = W[r] . xs[j], j < n.
+  void dot_rows(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K, float* out,
+                int os) const {
+    if (bf16_) {
+      dsfp4::dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_);
+    } else {
+      fp4::dot_rows_multi(p_.isa, W, S, nrows, xs, n, K, out, os, pf_);
+    }
+  }
+
   static constexpr int kPass1Rows = 128;
   static constexpr int kPass2Rows = 64;  // down rows per unit: one stream of 64 rows per route
 
   MoeParams p_;
   int pf_ = fp4::prefetch_distance(p_.prefetch, p_.prefetch_explicit);  // after p_ (declaration order)
+  bool bf16_ = dsfp4::use_bf16_kernels(p_.isa);
   int act_block_ = 128;
   const uint8_t* w13_;
   const uint8_t* s13_;
   const uint8_t* w2_;
   const uint8_t* s2_;
   AlignedBuffer<uint8_t> xprep_;  // [T] round-tripped, prepared tokens
-  AlignedBuffer<float> xq_;
 };
 
 std::unique_ptr<MoeFormat> make_ds_fp4_format(const MoeParams& params, FormatArgs& args) {

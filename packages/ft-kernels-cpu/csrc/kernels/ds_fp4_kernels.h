@@ -1,0 +1,34 @@
+// ds_fp4's own row kernels for the avx512_bf16 tier (ds_fp4_kernels.cpp). The activations of ds_fp4
+// are fp8 e4m3 values times a power of two (4 significant bits), exact in bf16, and e2m1 weights have
+// 2 significant bits: every VDPBF16PS product is exact, the sums are fp32.
+//
+// Prepared vector (as fp4_common.h's avx512_bf16 layout): bf16, steps of 128 elements as 4 vectors
+// of 32 words, x[g + 32j + k] = element g + 4k + j, zero-padded to a multiple of 128.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common.h"
+
+namespace ft {
+namespace dsfp4 {
+
+// True when the tier runs these kernels: avx512_bf16 on AMD, and on Intel only with
+// FT_CPU_MOE_DSFP4_BF16=1 (Intel keeps fp4_kernels.cpp's fp32 kernels until measured there).
+bool use_bf16_kernels(Isa isa);
+
+size_t vec_bytes(int K);
+// The fp8 e4m3 round trip of fp4_common.h's fp8_round_trip (same arithmetic, bit for bit: blocks of
+// `block` from v[0], power-of-two scales, round to nearest even, saturation) fused with the layout above:
+// elements [i0, i1) given as v[i - i0], i0 a multiple of 128, i1 a multiple of 128 or the end.
+// AVX-512 (the tier of these kernels); the scalar round trip spent more than the down rows' kernel.
+void fp8_prep_vec(const float* v, int i0, int i1, int block, void* out);
+
+// out[j * os + r] = W[r] . xs[j] for n <= 8 prepared vectors, W/S as in fp4_common.h (e2m1 nibbles,
+// e8m0 per 32), each weight step decoded once for all n vectors. `prefetch`: bytes ahead (0: off).
+void dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K, float* out,
+                    int os, int prefetch);
+
+}  // namespace dsfp4
+}  // namespace ft
