@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "dispatch_n.h"
 #include "fp4_common.h"
@@ -218,7 +219,9 @@ bool use_bf16_kernels(Isa isa) {
   static const bool ok = [] {
     if (!cpu_is_intel()) return true;
     const char* e = std::getenv("FT_CPU_MOE_DSFP4_BF16");
-    return e != nullptr && std::strcmp(e, "1") == 0;
+    if (e == nullptr || *e == '\0' || std::strcmp(e, "0") == 0) return false;
+    if (std::strcmp(e, "1") == 0) return true;
+    throw Error(std::string("FT_CPU_MOE_DSFP4_BF16='") + e + "' is unknown; expected 0 or 1");
   }();
   return ok;
 }
