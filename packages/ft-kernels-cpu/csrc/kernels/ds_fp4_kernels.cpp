@@ -17,6 +17,7 @@
 
 #include "dispatch_n.h"
 #include "fp4_common.h"
+#include "reduce_n.h"
 #include "stream_prefetch.h"
 
 namespace ft {
@@ -70,34 +71,6 @@ FT_TARGET_AVX512_BF16 inline void step(const uint8_t* w, int blocks, __m512 sc, 
   }
 }
 
-// out[j * os] = sum of the lanes of acc[j] (fixed order).
-template <int NV>
-FT_TARGET_AVX512_BF16 inline void reduce_store(const __m512* acc, float* out, int os) {
-  if constexpr (NV < 4) {
-    for (int j = 0; j < NV; ++j) out[j * os] = _mm512_reduce_add_ps(acc[j]);
-  } else {
-    // A transpose by halves: pairs, quads, octets of vectors summed together.
-    const __m512 z = _mm512_setzero_ps();
-    __m512 a[8];
-    for (int j = 0; j < 8; ++j) a[j] = j < NV ? acc[j] : z;
-    __m512 c[4];
-    for (int p = 0; p < 4; ++p) {
-      c[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0x44),
-                           _mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0xee));
-    }
-    __m512 d[2];
-    for (int h = 0; h < 2; ++h) {
-      d[h] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * h], c[2 * h + 1], 0x88),
-                           _mm512_shuffle_f32x4(c[2 * h], c[2 * h + 1], 0xdd));
-    }
-    const __m512 f = _mm512_add_ps(_mm512_unpacklo_ps(d[0], d[1]), _mm512_unpackhi_ps(d[0], d[1]));
-    const __m512 g = _mm512_add_ps(f, _mm512_shuffle_ps(f, f, 0x4e));
-    alignas(64) float v[16];
-    _mm512_store_ps(v, g);
-    for (int j = 0; j < NV; ++j) out[j * os] = v[4 * (j & 3) + (j >> 2)];
-  }
-}
-
 template <int NV>
 FT_TARGET_AVX512_BF16 void rows(const uint8_t* W, const uint8_t* S, int nrows, const uint16_t* const* xs, int K,
                                 float* out, int os, const Prefetch& pw, const Prefetch& ps) {
@@ -145,7 +118,7 @@ FT_TARGET_AVX512_BF16 void rows(const uint8_t* W, const uint8_t* S, int nrows, c
 #pragma GCC unroll 8
       for (int j = 0; j < NV; ++j) a0[j] = _mm512_add_ps(a0[j], a1[j]);
     }
-    reduce_store<NV>(a0, out + r, os);
+    reduce_store_n<NV>(a0, out + r, os);
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include "dispatch_n.h"
 #include "fp4_common.h"
+#include "reduce_n.h"
 #include "stream_prefetch.h"
 
 namespace ft {
@@ -268,39 +269,6 @@ FT_TARGET_AVX2 void dot_row_multi_avx2(const uint8_t* w, const uint8_t* s, const
   for (int j = 0; j < N; ++j) out[j * os] = 0.5f * hsum8(acc[j]);
 }
 
-// out[j * os] = sum of the lanes of acc[j], j < N. From 4 vectors on, the sums are formed together
-// (a transpose by halves: 3 + 3 + 5 shuffles and adds per pair, quad and octet of vectors instead of
-// about 8 per vector); rows of a few blocks (pass 2 over a short intermediate) spend much of their
-// time here otherwise.
-template <int N>
-FT_TARGET_AVX512 inline void reduce_store(const __m512* acc, float* out, int os) {
-  if constexpr (N < 4) {
-    for (int j = 0; j < N; ++j) out[j * os] = _mm512_reduce_add_ps(acc[j]);
-  } else {
-    const __m512 z = _mm512_setzero_ps();
-    __m512 a[8];
-    for (int j = 0; j < 8; ++j) a[j] = j < N ? acc[j] : z;
-    // Pairs: lanes 0-7 hold a[2p]'s two halves summed, lanes 8-15 a[2p + 1]'s.
-    __m512 c[4];
-    for (int p = 0; p < 4; ++p) {
-      c[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0x44),
-                           _mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0xee));
-    }
-    // Quads: 128-bit lane q of d[h] holds 4 partial sums of vector 4h + q.
-    __m512 d[2];
-    for (int h = 0; h < 2; ++h) {
-      d[h] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * h], c[2 * h + 1], 0x88),
-                           _mm512_shuffle_f32x4(c[2 * h], c[2 * h + 1], 0xdd));
-    }
-    // Octets: in 128-bit lane q, element 0 the sum of vector q, element 1 that of vector 4 + q.
-    const __m512 f = _mm512_add_ps(_mm512_unpacklo_ps(d[0], d[1]), _mm512_unpackhi_ps(d[0], d[1]));
-    const __m512 g = _mm512_add_ps(f, _mm512_shuffle_ps(f, f, 0x4e));
-    alignas(64) float v[16];
-    _mm512_store_ps(v, g);
-    for (int j = 0; j < N; ++j) out[j * os] = v[4 * (j & 3) + (j >> 2)];
-  }
-}
-
 template <int N>
 FT_TARGET_AVX512 void dot_row_multi_avx512(const uint8_t* w, const uint8_t* s, const float* const* xs, int K,
                                            float* out, int os, const Streams& pf, __m512 lut, const __m512i* idx) {
@@ -332,7 +300,7 @@ FT_TARGET_AVX512 void dot_row_multi_avx512(const uint8_t* w, const uint8_t* s, c
       for (int j = 0; j < N; ++j) acc[j] = _mm512_fmadd_ps(t[j], sc, acc[j]);
     }
   }
-  reduce_store<N>(acc, out, os);
+  reduce_store_n<N>(acc, out, os);
 }
 
 template <int N>
@@ -366,7 +334,7 @@ FT_TARGET_AVX512_BF16 void dot_row_multi_bf16(const uint8_t* w, const uint8_t* s
       for (int j = 0; j < N; ++j) acc[j] = _mm512_fmadd_ps(t[j], sc, acc[j]);
     }
   }
-  reduce_store<N>(acc, out, os);
+  reduce_store_n<N>(acc, out, os);
 }
 
 // All rows of a call for N vectors; the tables are built once per call.
