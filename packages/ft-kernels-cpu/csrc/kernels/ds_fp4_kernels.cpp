@@ -16,6 +16,7 @@
 #include <string>
 
 #include "dispatch_n.h"
+#include "fp4_avx512.h"
 #include "fp4_common.h"
 #include "reduce_n.h"
 #include "stream_prefetch.h"
@@ -29,33 +30,11 @@ using Prefetch = StreamPrefetch<PrefetchHint::L2>;  // as fp4_kernels.cpp (measu
 
 #if FT_X86
 
-// e8m0 scales of up to 16 blocks as fp32 lanes (s << 23; s = 0 the denormal 2^-127, 255 NaN).
-FT_TARGET_AVX512_BF16 inline __m512 scales16(const uint8_t* s, int n) {
-  const __mmask16 m = n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1u);
-  const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, s));
-  __m512i bits = _mm512_max_epu32(_mm512_slli_epi32(b, 23), _mm512_set1_epi32(0x00400000));
-  bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(b, _mm512_set1_epi32(255)),
-                               _mm512_set1_epi32(0x7fc00000));
-  return _mm512_castsi512_ps(bits);
-}
-
-// Lane l: the scale of block 4u + l / 4 within scales16's 16.
-FT_TARGET_AVX512_BF16 inline __m512i scale_index(int u) {
-  return _mm512_add_epi32(_mm512_set1_epi32(4 * u),
-                          _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2));
-}
-
-// The bytes of the blocks left in the row, zeros after (value 0 against a zero-padded x).
-FT_TARGET_AVX512_BF16 inline __m512i load_blocks(const uint8_t* w, int blocks) {
-  if (blocks >= 4) return _mm512_loadu_si512(w);
-  return _mm512_maskz_loadu_epi8((1ull << (16 * blocks)) - 1ull, w);
-}
-
 // One step: the 4 blocks at w against every vector's words at element offset xo, scaled by sc.
 template <int NV>
 FT_TARGET_AVX512_BF16 inline void step(const uint8_t* w, int blocks, __m512 sc, const uint16_t* const* xs, int xo,
                                        __m512i lut, __m512* acc) {
-  const __m512i wv = load_blocks(w, blocks);
+  const __m512i wv = fp4::load_blocks(w, blocks);
   const __m512bh w0 = (__m512bh)_mm512_permutexvar_epi16(wv, lut);
   const __m512bh w1 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 4), lut);
   const __m512bh w2 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 8), lut);
@@ -77,7 +56,8 @@ FT_TARGET_AVX512_BF16 void rows(const uint8_t* W, const uint8_t* S, int nrows, c
   alignas(64) uint16_t table[32];
   for (int i = 0; i < 32; ++i) table[i] = f32_to_bf16(fp4::kE2m1[i & 15]);  // index bit 4 ignored
   const __m512i lut = _mm512_load_si512(table);
-  const __m512i idx0 = scale_index(0), idx1 = scale_index(1), idx2 = scale_index(2), idx3 = scale_index(3);
+  const __m512i idx0 = fp4::scale_index(0), idx1 = fp4::scale_index(1);
+  const __m512i idx2 = fp4::scale_index(2), idx3 = fp4::scale_index(3);
   const int nb = K / 32;
   // Two accumulator chains per vector for n <= 2 (the FMA latency); from 3 vectors on the vectors
   // themselves are enough independent chains, and one set leaves registers for the rest.
@@ -91,7 +71,7 @@ FT_TARGET_AVX512_BF16 void rows(const uint8_t* W, const uint8_t* S, int nrows, c
     for (int j = 0; j < NV; ++j) a0[j] = a1[j] = _mm512_setzero_ps();
     int b = 0;
     for (; b + 16 <= nb; b += 16) {
-      const __m512 sf = scales16(s + b, 16);
+      const __m512 sf = fp4::e8m0x16(s + b, 16);
       const uint8_t* wp = w + 16 * b;
       if (pw.dist) {
         pw.ahead(wp);
@@ -105,7 +85,7 @@ FT_TARGET_AVX512_BF16 void rows(const uint8_t* W, const uint8_t* S, int nrows, c
       step<NV>(wp + 192, 4, _mm512_permutexvar_ps(idx3, sf), xs, 32 * b + 384, lut, two ? a1 : a0);
     }
     if (b < nb) {
-      const __m512 sf = scales16(s + b, nb - b);
+      const __m512 sf = fp4::e8m0x16(s + b, nb - b);
       const __m512i idx[4] = {idx0, idx1, idx2, idx3};
       for (int u = 0; b + 4 * u < nb; ++u) {
         const int bu = b + 4 * u;

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "dispatch_n.h"
+#include "fp4_avx512.h"
 #include "fp4_common.h"
 #include "reduce_n.h"
 #include "stream_prefetch.h"
@@ -129,29 +130,6 @@ FT_TARGET_AVX2 void dot_rows_avx2(const uint8_t* W, const uint8_t* S, int nrows,
 // block m / 4 (dwords; for VDPBF16PS words 2m, 2m + 1 sum into fp32 lane m, also block m / 4).
 // Intel cores run 512-bit shuffles on one port only: this is 2 (fp32) or 1 (bf16) shuffle per block
 // instead of 3 (or 2) with a byte-to-dword widening per block.
-
-// e8m0 scales of up to 16 blocks as fp32 lanes: s << 23 is 2^(s - 127) for s in [1, 254]; s = 0 is
-// the denormal 2^-127 (0x00400000), s = 255 NaN. Lanes past `n` read scale 0 (finite).
-FT_TARGET_AVX512 inline __m512 e8m0x16(const uint8_t* s, int n) {
-  const __mmask16 m = n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1u);
-  const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, s));
-  __m512i bits = _mm512_max_epu32(_mm512_slli_epi32(b, 23), _mm512_set1_epi32(0x00400000));
-  bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(b, _mm512_set1_epi32(255)),
-                               _mm512_set1_epi32(0x7fc00000));
-  return _mm512_castsi512_ps(bits);
-}
-
-// Scale of block 4u + m / 4 in lane m, from the 16 scales of e8m0x16.
-FT_TARGET_AVX512 inline __m512i scale_index(int u) {
-  return _mm512_add_epi32(_mm512_set1_epi32(4 * u),
-                          _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2));
-}
-
-// Tail loads: the bytes of the blocks left in the row, zeros after (value 0 against a zero-padded x).
-FT_TARGET_AVX512 inline __m512i load_blocks(const uint8_t* w, int blocks) {
-  if (blocks >= 4) return _mm512_loadu_si512(w);
-  return _mm512_maskz_loadu_epi8((1ull << (16 * blocks)) - 1ull, w);
-}
 
 // Four blocks against x in the dword layout: 8 vectors of 16 floats, x[16k + m] = element 8m + k.
 FT_TARGET_AVX512 inline __m512 step_avx512(__m512i wv, const float* x, __m512 lut) {
