@@ -1,0 +1,186 @@
+// How much compute per cache line a core can do while streaming weights from DRAM, and which software
+// prefetch keeps the stream going. A developer tool (not part of the package): it answers "at what
+// compute per 64-byte line does a 16-thread stream fall below the read bandwidth, and does prefetching
+// into L1, into L2, every line or one line per page change that?", which sets what the MoE row kernels
+// can afford per byte on a machine.
+//
+//   g++ -O2 -mavx512f -mavx512bw -pthread -o /tmp/stream_probe packages/ft-kernels-cpu/tools/stream_probe.cpp
+//   /tmp/stream_probe [GiB, default 2] [threads, default all] [unit KiB, default 256]
+//
+// Every thread takes units of `unit KiB` from a shared counter (as the executor's pool does), reads
+// each line with one 64-byte load and then runs W FMAs on it in 4 chains (about W cycles per line;
+// W = 0 is the plain read).
+// Prefetch modes: none; T0 or T1 on every line D bytes ahead; T0 on the first line of each 4 KiB page
+// D bytes ahead (the hardware streamer fetches the rest of the page). One line per (W, mode, D):
+// GB/s (median of 5 passes) and the ratio to the plain read of the same run.
+#include <immintrin.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace {
+
+enum Mode { kNone, kT0, kT1, kPage };
+const char* mode_name(Mode m) {
+  switch (m) {
+    case kNone: return "none";
+    case kT0: return "t0-line";
+    case kT1: return "t1-line";
+    case kPage: return "t0-page";
+  }
+  return "?";
+}
+
+template <int W, Mode M>
+__attribute__((noinline)) float stream_unit(const char* p, size_t n, int dist, const char* end) {
+  __m512 a0 = _mm512_set1_ps(1.f), a1 = a0, a2 = a0, a3 = a0;
+  const __m512 c = _mm512_set1_ps(0.999f);
+  if (M != kNone) {  // the first `dist` bytes of the unit at once
+    for (const char* q = p; q < std::min(p + dist, end); q += (M == kPage ? 4096 : 64)) {
+      _mm_prefetch(q, M == kT1 ? _MM_HINT_T1 : _MM_HINT_T0);
+    }
+  }
+  for (size_t o = 0; o < n; o += 64) {
+    const char* q = p + o + dist;
+    if (M == kT0 && q < end) _mm_prefetch(q, _MM_HINT_T0);
+    if (M == kT1 && q < end) _mm_prefetch(q, _MM_HINT_T1);
+    if (M == kPage && q < end && ((reinterpret_cast<uintptr_t>(q) & 4095) == 0)) _mm_prefetch(q, _MM_HINT_T0);
+    __m512 v = _mm512_castsi512_ps(_mm512_load_si512(p + o));
+    a0 = _mm512_add_ps(a0, v);
+    for (int w = 0; w < W; w += 4) {
+      a0 = _mm512_fmadd_ps(a0, c, v);
+      a1 = _mm512_fmadd_ps(a1, c, v);
+      a2 = _mm512_fmadd_ps(a2, c, v);
+      a3 = _mm512_fmadd_ps(a3, c, v);
+    }
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+
+using Fn = float (*)(const char*, size_t, int, const char*);
+
+template <int W>
+Fn pick_mode(Mode m) {
+  switch (m) {
+    case kNone: return stream_unit<W, kNone>;
+    case kT0: return stream_unit<W, kT0>;
+    case kT1: return stream_unit<W, kT1>;
+    case kPage: return stream_unit<W, kPage>;
+  }
+  return nullptr;
+}
+
+Fn pick(int w, Mode m) {
+  switch (w) {
+    case 0: return pick_mode<0>(m);
+    case 4: return pick_mode<4>(m);
+    case 8: return pick_mode<8>(m);
+    case 12: return pick_mode<12>(m);
+    case 16: return pick_mode<16>(m);
+    case 24: return pick_mode<24>(m);
+    case 32: return pick_mode<32>(m);
+  }
+  return nullptr;
+}
+
+struct Shared {
+  const char* base = nullptr;
+  size_t unit = 0, units = 0;
+  std::atomic<uint64_t> next{0};
+  std::atomic<int> go{0}, done{0};
+  Fn fn = nullptr;
+  int dist = 0;
+  std::atomic<int> stop{0};
+};
+
+void worker(Shared* s, int cpu, int* gen_seen) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+  volatile float sink = 0;
+  int seen = 0;
+  for (;;) {
+    int g;
+    while ((g = s->go.load(std::memory_order_acquire)) == seen) {
+      if (s->stop.load()) return;
+      _mm_pause();
+    }
+    seen = g;
+    for (;;) {
+      const uint64_t u = s->next.fetch_add(1);
+      if (u >= s->units) break;
+      const char* p = s->base + u * s->unit;
+      sink = sink + s->fn(p, s->unit, s->dist, p + s->unit);
+    }
+    s->done.fetch_add(1);
+  }
+  (void)gen_seen;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const double gib = argc > 1 ? std::atof(argv[1]) : 2.0;
+  int threads = argc > 2 ? std::atoi(argv[2]) : static_cast<int>(std::thread::hardware_concurrency());
+  const size_t unit = (argc > 3 ? std::atoi(argv[3]) : 256) * size_t{1024};
+  const size_t units = static_cast<size_t>(gib * (1 << 30)) / unit;
+  const size_t bytes = units * unit;
+  char* buf = static_cast<char*>(std::aligned_alloc(1 << 21, bytes));
+  madvise(buf, bytes, MADV_HUGEPAGE);
+  for (size_t i = 0; i < bytes; i += 64) buf[i] = static_cast<char>(i >> 6);
+
+  Shared s;
+  s.base = buf;
+  s.unit = unit;
+  s.units = units;
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(worker, &s, t, nullptr);
+  auto pass = [&](Fn fn, int dist) {
+    s.fn = fn;
+    s.dist = dist;
+    s.next.store(0);
+    s.done.store(0);
+    const auto t0 = std::chrono::steady_clock::now();
+    s.go.fetch_add(1, std::memory_order_release);
+    while (s.done.load() < threads) _mm_pause();
+    return bytes / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 1e9;
+  };
+  auto median = [&](Fn fn, int dist) {
+    std::vector<double> v;
+    pass(fn, dist);
+    for (int i = 0; i < 5; ++i) v.push_back(pass(fn, dist));
+    std::sort(v.begin(), v.end());
+    return v[2];
+  };
+  std::printf("stream_probe: %.2f GiB, %d threads, units of %zu KiB\n", bytes / double(1 << 30), threads,
+              unit / 1024);
+  const Mode modes[] = {kNone, kT0, kT1, kPage};
+  const int dists[] = {4096, 8192};
+  for (int w : {0, 4, 8, 12, 16, 24, 32}) {
+    const double ref = median(pick(0, kNone), 0);
+    for (Mode m : modes) {
+      for (int d : dists) {
+        if (m == kNone && d != dists[0]) continue;
+        const double g = median(pick(w, m), m == kNone ? 0 : d);
+        std::printf("{\"probe\": \"stream\", \"threads\": %d, \"unit_kib\": %zu, \"fma_per_line\": %d, "
+                    "\"prefetch\": \"%s\", \"dist\": %d, \"gbs\": %.1f, \"read_gbs\": %.1f, \"ratio\": %.3f}\n",
+                    threads, unit / 1024, w, mode_name(m), m == kNone ? 0 : d, g, ref, g / ref);
+        std::fflush(stdout);
+      }
+    }
+  }
+  s.stop.store(1);
+  for (auto& t : pool) t.join();
+  return 0;
+}
