@@ -1,6 +1,7 @@
 #include "executor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 
@@ -33,6 +34,10 @@ struct MoeJob final : PoolJob {
   size_t inter_stride = 0;
   uint8_t* prep = nullptr;
   size_t prep_stride = 0;
+  // Pass-1 rows done per (group, prep block); the unit that completes a block prepares it.
+  std::unique_ptr<std::atomic<int>[]> prep_done;
+  size_t prep_done_size = 0;
+  int prep_rows = 16, nprep = 0;
   float* scratch = nullptr;
   size_t scratch_stride = 0;
 
@@ -66,8 +71,16 @@ struct MoeJob final : PoolJob {
         const int route = members[m0 + j];
         float* h = inter + route * inter_stride;
         apply_activation(layer->act, gate + j * kMaxBlockRows, up + j * kMaxBlockRows, n, h + i0);
-        if (prep) fmt.prep_inter(h, i0, i1, prep + route * prep_stride);
       }
+    }
+    if (!prep) return;
+    // Units never straddle a prep block (prep_rows is a multiple of rows1). acq_rel: the unit that
+    // completes the block sees the h rows the other units of the block wrote.
+    const int p = i0 / prep_rows, p0 = p * prep_rows, p1 = std::min(I, p0 + prep_rows);
+    if (prep_done[static_cast<size_t>(g) * nprep + p].fetch_add(n, std::memory_order_acq_rel) + n != p1 - p0) return;
+    for (int m = group_begin[g]; m < group_begin[g + 1]; ++m) {
+      const int route = members[m];
+      fmt.prep_inter(inter + route * inter_stride, p0, p1, prep + route * prep_stride);
     }
   }
 
@@ -168,6 +181,25 @@ static int resolve_prefetch(int requested) {
   return static_cast<int>(v);
 }
 
+// $FT_CPU_MOE_UNIT_ROWS="P1,P2": rows per pass-1 / pass-2 unit for every layer instead of the
+// formats' choices (0 keeps a format's); a tuning knob for measuring unit sizes on a machine.
+static void parse_unit_rows(int* rows1, int* rows2) {
+  const char* env = std::getenv("FT_CPU_MOE_UNIT_ROWS");
+  *rows1 = *rows2 = 0;
+  if (env == nullptr || *env == '\0') return;
+  const std::string bad = std::string("FT_CPU_MOE_UNIT_ROWS='") + env +
+                          "' must be two integers 'P1,P2' in [0, " + std::to_string(kMaxBlockRows) +
+                          "] (rows per pass-1 and pass-2 unit; 0 keeps the format's)";
+  char* end = nullptr;
+  const long a = std::strtol(env, &end, 10);
+  if (end == env || *end != ',') throw Error(bad);
+  const char* second = end + 1;
+  const long b = std::strtol(second, &end, 10);
+  if (end == second || *end != '\0' || a < 0 || b < 0 || a > kMaxBlockRows || b > kMaxBlockRows) throw Error(bad);
+  *rows1 = static_cast<int>(a);
+  *rows2 = static_cast<int>(b);
+}
+
 static int checked_threads(int num_threads) {
   if (num_threads == 0) return default_threads();
   if (num_threads < 0 || num_threads > 1024) {
@@ -182,6 +214,7 @@ MoeExecutor::MoeExecutor(int hidden, int top_k, int max_tokens, int num_threads,
       prefetch_(resolve_prefetch(prefetch_bytes)),
       prefetch_explicit_(prefetch_bytes >= 0 || env_set("FT_CPU_MOE_PREFETCH")),
       pool_(checked_threads(num_threads)), job_(std::make_unique<MoeJob>()) {
+  parse_unit_rows(&unit_rows1_, &unit_rows2_);
   if (hidden <= 0) throw Error("hidden must be > 0, got " + std::to_string(hidden));
   if (top_k <= 0 || top_k > kMaxTopK) {
     throw Error("top_k must be in [1, " + std::to_string(kMaxTopK) + "], got " + std::to_string(top_k));
@@ -235,10 +268,20 @@ void MoeExecutor::add_layer(int layer, const std::string& format, int num_expert
   }
   L.fmt = make_format(format, L.params, args);
   args.check_all_used();
-  const int rows1 = L.fmt->pass1_rows(), rows2 = L.fmt->pass2_rows();
-  if (rows1 < 1 || rows1 > kMaxBlockRows || rows2 < 1 || rows2 > kMaxBlockRows) {
+  const int prep_rows = L.fmt->prep_rows();
+  const int rows1 = unit_rows1_ ? unit_rows1_ : L.fmt->pass1_rows();
+  const int rows2 = unit_rows2_ ? unit_rows2_ : L.fmt->pass2_rows();
+  if (rows1 < 1 || rows1 > kMaxBlockRows || rows2 < 1 || rows2 > kMaxBlockRows || prep_rows < 1) {
     throw Error(args.context() + ": pass block rows out of range");
   }
+  if (L.fmt->inter_prep_bytes() && prep_rows % rows1 != 0) {
+    throw Error(args.context() + ": " + std::to_string(rows1) + " rows per pass-1 unit" +
+                (unit_rows1_ ? " (FT_CPU_MOE_UNIT_ROWS)" : "") + " must divide the format's prep block of " +
+                std::to_string(prep_rows) + " rows");
+  }
+  L.rows1 = rows1;
+  L.rows2 = rows2;
+  L.prep_rows = prep_rows;
 
   // Grow scratch to cover this layer.
   const size_t routes = static_cast<size_t>(max_tokens_) * top_k_;
@@ -325,8 +368,9 @@ void MoeExecutor::run_locked(const ft_moe_task& task) {
   job.H = H;
   job.I = L.params.intermediate;
   job.on_input = L.params.router_weight_on_input;
-  job.rows1 = L.fmt->pass1_rows();
-  job.rows2 = L.fmt->pass2_rows();
+  job.rows1 = L.rows1;
+  job.rows2 = L.rows2;
+  job.prep_rows = L.prep_rows;
 
   const uint16_t* x = static_cast<const uint16_t*>(task.x);
   float* xf = x_f32_.data();
@@ -375,9 +419,29 @@ void MoeExecutor::run_locked(const ft_moe_task& task) {
   job.scratch = worker_scratch_.data();
   job.scratch_stride = worker_stride_;
   job.nblk1 = (job.I + job.rows1 - 1) / job.rows1;
+  if (job.prep) {
+    job.nprep = (job.I + job.prep_rows - 1) / job.prep_rows;
+    const size_t need = static_cast<size_t>(G) * job.nprep;
+    if (job.prep_done_size < need) {
+      job.prep_done = std::make_unique<std::atomic<int>[]>(need);
+      job.prep_done_size = need;
+    }
+    // Published to the workers by the pool's release of the job.
+    for (size_t i = 0; i < need; ++i) job.prep_done[i].store(0, std::memory_order_relaxed);
+  }
   job.n1 = static_cast<uint32_t>(G) * job.nblk1;
   const uint32_t n2 = static_cast<uint32_t>((H + job.rows2 - 1) / job.rows2);
   pool_.run(job.n1, n2, &job);
+}
+
+PoolProfile MoeExecutor::pool_profile() {
+  std::lock_guard<std::mutex> lock(run_mutex_);
+  return pool_.profile();
+}
+
+void MoeExecutor::reset_pool_profile() {
+  std::lock_guard<std::mutex> lock(run_mutex_);
+  pool_.reset_profile();
 }
 
 double MoeExecutor::read_bandwidth_gbs(size_t bytes, int passes) {

@@ -41,6 +41,10 @@ class MoeExecutor {
   // Read bandwidth of this pool over a buffer of `bytes` (reused across calls), in GB/s.
   double read_bandwidth_gbs(size_t bytes, int passes);
 
+  // Where the pool's time went in run() calls since the last reset (WorkerPool::profile).
+  PoolProfile pool_profile();
+  void reset_pool_profile();
+
   const ft_moe_executor_abi* abi() const { return &abi_; }
   int hidden() const { return hidden_; }
   int top_k() const { return top_k_; }
@@ -56,6 +60,7 @@ class MoeExecutor {
     MoeParams params;
     ActivationSpec act;
     std::unique_ptr<MoeFormat> fmt;
+    int rows1 = 16, rows2 = 16, prep_rows = 16;  // pass-1 / pass-2 unit rows, prep_inter block rows
   };
 
  private:
@@ -65,6 +70,7 @@ class MoeExecutor {
   Isa isa_;
   int prefetch_;
   bool prefetch_explicit_;
+  int unit_rows1_ = 0, unit_rows2_ = 0;  // $FT_CPU_MOE_UNIT_ROWS overrides (0: the format's)
   WorkerPool pool_;
   std::map<int, Layer> layers_;
   std::unique_ptr<MoeJob> job_;

@@ -87,6 +87,11 @@ class MoeFormat {
   // arithmetic of every output element is independent of the number of threads.
   virtual int pass1_rows() const { return 16; }
   virtual int pass2_rows() const { return 16; }
+  // Intermediate rows that one prep_inter call takes whole (aligned blocks [p * n, (p + 1) * n)): a
+  // multiple of pass1_rows(). The executor calls prep_inter for a block once every pass-1 unit of the
+  // block is done, so pass-1 units can be smaller than a format's prepared groups (more units, better
+  // balance across cores).
+  virtual int prep_rows() const { return pass1_rows(); }
 
   // Once per task, on the calling thread, before pass 1.
   virtual void prep_input(const TaskInput& /*in*/) {}
@@ -109,7 +114,8 @@ class MoeFormat {
 
   // Bytes of prepared intermediate per route (0: pass 2 reads the fp32 intermediate directly).
   virtual size_t inter_prep_bytes() const { return 0; }
-  // Pass 1, after the activation: prepare rows [i0, i1) of one route's intermediate for pass 2.
+  // Pass 1, after the activation: prepare rows [i0, i1) of one route's intermediate for pass 2, one
+  // whole prep_rows() block (the last one may be short).
   virtual void prep_inter(const float* /*h*/, int /*i0*/, int /*i1*/, void* /*prepped*/) const {}
 
   // Pass 2, for output rows [h0, h1), n <= kMaxTokensPerCall routes of one expert `e`

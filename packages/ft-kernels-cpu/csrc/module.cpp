@@ -105,6 +105,22 @@ PYBIND11_MODULE(_ft_kernels_cpu, m) {
           },
           py::arg("bytes"), py::arg("passes"))
       .def(
+          "pool_profile",
+          [](MoeExecutor& ex) {
+            const ft::PoolProfile p = ex.pool_profile();
+            const double s = 1.0 / p.ticks_per_second;
+            py::dict d;
+            d["runs"] = p.runs;
+            d["wall_s"] = p.wall * s;
+            d["pass1_s"] = p.busy[0] * s;
+            d["pass2_s"] = p.busy[1] * s;
+            d["barrier_s"] = p.barrier * s;
+            d["units1"] = p.units[0];
+            d["units2"] = p.units[1];
+            return d;
+          })
+      .def("reset_pool_profile", &MoeExecutor::reset_pool_profile)
+      .def(
           "capsule",
           // `owner` (default: the executor) is what the capsule keeps alive: the Python wrapper passes
           // itself, since it also holds the weight banks.

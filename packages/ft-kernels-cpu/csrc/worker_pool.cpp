@@ -31,6 +31,29 @@ inline void cpu_relax() {
 // requests.
 constexpr auto kSpin = std::chrono::microseconds(200);
 
+// A cheap monotonic tick for the pool's profile.
+inline uint64_t ticks() {
+#if FT_X86
+  return __rdtsc();
+#else
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
+#endif
+}
+
+double ticks_per_second() {
+  static const double rate = [] {
+    const auto c0 = std::chrono::steady_clock::now();
+    const uint64_t t0 = ticks();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const uint64_t t1 = ticks();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+    return static_cast<double>(t1 - t0) / s;
+  }();
+  return rate;
+}
+
 // Plain POSIX reads: iostreams crashed in one torch venv whose libstdc++ differs from the compiler's.
 bool read_int_file(const std::string& path, int* out) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -70,6 +93,7 @@ std::vector<int> physical_core_cpus() {
 
 WorkerPool::WorkerPool(int num_threads) : num_threads_(num_threads) {
   if (num_threads < 1) throw Error("num_threads must be >= 1, got " + std::to_string(num_threads));
+  ticks_.resize(num_threads);
   std::vector<int> cpus = physical_core_cpus();
   threads_.reserve(num_threads - 1);
   for (int w = 1; w < num_threads; ++w) {
@@ -90,6 +114,7 @@ WorkerPool::~WorkerPool() {
 
 void WorkerPool::run(uint32_t n1, uint32_t n2, PoolJob* job) {
   if (n1 + n2 == 0) return;
+  const uint64_t t0 = ticks();
   const uint32_t gen = gen_.load(std::memory_order_relaxed) + 1;
   job_.store(job, std::memory_order_relaxed);
   n1_.store(n1, std::memory_order_relaxed);
@@ -106,6 +131,28 @@ void WorkerPool::run(uint32_t n1, uint32_t n2, PoolJob* job) {
   while (done2_.load(std::memory_order_acquire) < n2 || done1_.load(std::memory_order_acquire) < n1) {
     cpu_relax();
   }
+  ++runs_;
+  wall_ += (ticks() - t0) * static_cast<uint64_t>(num_threads_);
+}
+
+PoolProfile WorkerPool::profile() const {
+  PoolProfile p;
+  p.runs = runs_;
+  p.wall = wall_;
+  for (const WorkerTicks& t : ticks_) {
+    for (int i = 0; i < 2; ++i) {
+      p.busy[i] += t.busy[i];
+      p.units[i] += t.units[i];
+    }
+    p.barrier += t.barrier;
+  }
+  p.ticks_per_second = ticks_per_second();
+  return p;
+}
+
+void WorkerPool::reset_profile() {
+  for (WorkerTicks& t : ticks_) t = WorkerTicks{};
+  runs_ = wall_ = 0;
 }
 
 void WorkerPool::work(uint32_t gen, int worker) {
@@ -121,12 +168,20 @@ void WorkerPool::work(uint32_t gen, int worker) {
     }
     // The claim succeeded, so job `gen` is still running and its fields are stable.
     PoolJob* job = job_.load(std::memory_order_relaxed);
+    WorkerTicks& tk = ticks_[worker];
+    const uint64_t t0 = ticks();
     if (unit < n1) {
       job->run_unit(unit, worker);
+      tk.busy[0] += ticks() - t0;
+      ++tk.units[0];
       done1_.fetch_add(1, std::memory_order_acq_rel);
     } else {
       while (done1_.load(std::memory_order_acquire) < n1) cpu_relax();
+      const uint64_t t1 = ticks();
+      tk.barrier += t1 - t0;
       job->run_unit(unit, worker);
+      tk.busy[1] += ticks() - t1;
+      ++tk.units[1];
       done2_.fetch_add(1, std::memory_order_acq_rel);
     }
     cur = next_.load(std::memory_order_acquire);

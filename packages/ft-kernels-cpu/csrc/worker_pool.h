@@ -24,6 +24,18 @@ class PoolJob {
 // Logical CPUs this process may run on, one per physical core, in ascending order.
 std::vector<int> physical_core_cpus();
 
+// Where the workers' time went, summed over workers and runs since the last reset (ticks: the TSC on
+// x86, nanoseconds elsewhere; `wall` counts each run's duration once per worker, so wall - busy -
+// barrier is time a worker was not inside a unit: before it joined a run or after the last unit).
+struct PoolProfile {
+  uint64_t runs = 0;
+  uint64_t wall = 0;              // sum over runs of run() duration x num_threads
+  uint64_t busy[2] = {0, 0};      // inside units of pass 1 / pass 2
+  uint64_t barrier = 0;           // holding a pass-2 unit, waiting for pass 1 to finish
+  uint64_t units[2] = {0, 0};
+  double ticks_per_second = 0.0;  // measured once per process
+};
+
 class WorkerPool {
  public:
   explicit WorkerPool(int num_threads);
@@ -35,7 +47,17 @@ class WorkerPool {
   // Blocking. Not reentrant: callers serialise (the executor holds a mutex).
   void run(uint32_t n1, uint32_t n2, PoolJob* job);
 
+  // Not thread-safe against run(): call between runs.
+  PoolProfile profile() const;
+  void reset_profile();
+
  private:
+  struct alignas(64) WorkerTicks {
+    uint64_t busy[2] = {0, 0};
+    uint64_t barrier = 0;
+    uint64_t units[2] = {0, 0};
+  };
+
   void worker_main(int worker, int cpu);
   void work(uint32_t gen, int worker);
 
@@ -50,6 +72,8 @@ class WorkerPool {
   alignas(64) std::atomic<uint32_t> gen_{0};
   std::atomic<uint32_t> n1_{0}, n2_{0};
   std::atomic<PoolJob*> job_{nullptr};
+  std::vector<WorkerTicks> ticks_;  // one per worker, each written only by its worker
+  uint64_t runs_ = 0, wall_ = 0;
 
   std::mutex mutex_;
   std::condition_variable cv_;

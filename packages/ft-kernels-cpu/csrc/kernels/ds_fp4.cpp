@@ -46,9 +46,10 @@ class DsFp4Format final : public MoeFormat {
     s2_ = static_cast<const uint8_t*>(args.require_bank("w2_scale", {E, H, I / 32}, DType::u8));
   }
 
-  // A multiple of act_block (32 or 128): each pass-1 unit owns whole activation blocks of h; and of
-  // 128, the step of the prepared vectors (fp4_common.h).
-  int pass1_rows() const override { return kPass1Rows; }
+  // prep_inter takes whole blocks of 128: a multiple of act_block (32 or 128) and the step of the
+  // prepared vectors (fp4_common.h).
+  int pass1_rows() const override { return 32; }
+  int prep_rows() const override { return kPrepRows; }
   int pass2_rows() const override { return kPass2Rows; }
 
   void prep_input(const TaskInput& in) override {
@@ -114,9 +115,9 @@ class DsFp4Format final : public MoeFormat {
       dsfp4::fp8_prep_vec(v, i0, i1, act_block_, out);
       return;
     }
-    float q[kPass1Rows];  // i1 - i0 <= kPass1Rows in prep_inter; prep_input goes 128 at a time
-    for (int g = i0; g < i1; g += kPass1Rows) {
-      const int n = std::min(kPass1Rows, i1 - g);
+    float q[kPrepRows];  // i1 - i0 <= kPrepRows in prep_inter; prep_input goes 128 at a time
+    for (int g = i0; g < i1; g += kPrepRows) {
+      const int n = std::min(kPrepRows, i1 - g);
       fp4::fp8_round_trip(v + (g - i0), n, act_block_, q);
       fp4::prep_vec(p_.isa, q, g, g + n, out);
     }
@@ -131,7 +132,7 @@ class DsFp4Format final : public MoeFormat {
     }
   }
 
-  static constexpr int kPass1Rows = 128;
+  static constexpr int kPrepRows = 128;
   static constexpr int kPass2Rows = 64;  // down rows per unit: one stream of 64 rows per route
 
   MoeParams p_;

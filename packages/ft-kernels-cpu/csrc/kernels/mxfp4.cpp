@@ -40,8 +40,9 @@ class Mxfp4Format final : public MoeFormat {
     b2_ = static_cast<const uint16_t*>(args.optional_bank("w2_bias", {E, H}, DType::bf16));
   }
 
-  // A multiple of 128 so that prep_inter prepares whole steps of the intermediate (fp4_common.h).
-  int pass1_rows() const override { return kMaxPass1Rows; }
+  // prep_inter prepares whole steps of 128 of the intermediate (fp4_common.h).
+  int pass1_rows() const override { return 32; }
+  int prep_rows() const override { return kMaxPass1Rows; }
   int pass2_rows() const override { return kPass2Rows; }
 
   void prep_input(const TaskInput& in) override {

@@ -331,8 +331,9 @@ class Nvfp4Format final : public MoeFormat {
     b2_ = static_cast<const float*>(args.optional_bank("w2_bias", {E, H}, DType::f32));
   }
 
-  // Each pass-1 unit's intermediate rows are whole chunks of the tier's order (32, or 256 for VNNI).
-  int pass1_rows() const override { return vnni() ? 256 : 32; }
+  // prep_inter takes whole chunks of the tier's order (32, or 256 for VNNI).
+  int pass1_rows() const override { return 32; }
+  int prep_rows() const override { return vnni() ? 256 : 32; }
   int pass2_rows() const override { return kPass2Rows; }
 
   void prep_input(const TaskInput& in) override {

@@ -247,6 +247,20 @@ class MoeExecutor:
         passes = _check_int("passes", passes, 1)
         return self._native.read_bandwidth_gbs(nbytes, passes)
 
+    def pool_profile(self) -> dict[str, float]:
+        """Where the worker pool's time went since the last ``reset_pool_profile()``, summed over workers.
+
+        Keys: ``runs``; ``wall_s`` (each run's duration x num_threads); ``pass1_s`` / ``pass2_s`` (inside
+        units of each pass); ``barrier_s`` (holding a pass-2 unit while pass 1 finishes); ``units1`` /
+        ``units2``. ``wall_s`` minus the rest is time outside any unit (joining late, or done early).
+        ``read_bandwidth_gbs`` runs on the same pool and counts too.
+        """
+        return dict(self._native.pool_profile())
+
+    def reset_pool_profile(self) -> None:
+        """Zeroes the counters behind ``pool_profile()``."""
+        self._native.reset_pool_profile()
+
     def capsule(self) -> object:
         """PyCapsule ``ft_kernels_cpu.moe_executor_abi`` holding the C ABI (see ``get_include()``).
 

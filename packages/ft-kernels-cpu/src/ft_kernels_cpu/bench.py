@@ -165,13 +165,16 @@ def bench_format(
     count = int(min(steps, max(8, min_time / max(secs / 8, 1e-6))))
 
     rows = []
+    profiles = []
     start = 0
     bw_before = read()
     for i in range(samples):
         if start + count > steps:
             start = 0
         sl = slice(start, start + count)
+        ex.reset_pool_profile()
         secs = ex.time_runs(0, x, ids[sl], weights[sl])
+        profiles.append(ex.pool_profile())
         bw_after = read()
         gbs = step_bytes[sl].sum() / secs / 1e9
         ceiling = 0.5 * (bw_before + bw_after)
@@ -186,6 +189,20 @@ def bench_format(
     gbs = statistics.median(r[0] for r in rows)
     read_gbs = statistics.median(r[1] for r in rows)
     us_step = statistics.median(r[3] for r in rows)
+    # Per step, in us of one worker: time in pass-1 / pass-2 units, waiting at the pass barrier, and
+    # outside units (joining late, done early), averaged over workers; median over the samples.
+    def per_step(key: str) -> float:
+        return statistics.median(p[key] / p["runs"] / ex.num_threads * 1e6 for p in profiles)
+
+    profile = {k: round(per_step(k + "_s"), 2) for k in ("wall", "pass1", "pass2", "barrier")}
+    profile["outside"] = round(profile["wall"] - profile["pass1"] - profile["pass2"] - profile["barrier"], 2)
+    profile["units1"] = int(profiles[0]["units1"] // profiles[0]["runs"])
+    profile["units2"] = int(profiles[0]["units2"] // profiles[0]["runs"])
+    log(
+        f"  per step and worker (us): pass 1 {profile['pass1']:.1f} in {profile['units1']} units, pass 2 "
+        f"{profile['pass2']:.1f} in {profile['units2']}, barrier {profile['barrier']:.1f}, outside units "
+        f"{profile['outside']:.1f} (of {profile['wall']:.1f})"
+    )
     return {
         "bench": "ft_kernels_cpu",
         "format": fmt,
@@ -204,6 +221,7 @@ def bench_format(
         "us_per_token": round(us_step / batch, 2),
         "samples": samples,
         "steps_per_sample": count,
+        "profile_us": profile,
         "cores": fk.physical_cores(),
         "host": platform.node(),
         "cpu": _cpu_name(),

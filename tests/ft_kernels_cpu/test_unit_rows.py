@@ -1,0 +1,74 @@
+"""How a step is cut into units never changes its bits.
+
+Pass-1 units can be smaller than the block a format prepares the intermediate in (prep_rows): the
+unit that completes a block prepares it. These tests run every format with unit sizes from one row
+up (FT_CPU_MOE_UNIT_ROWS) on several threads and require the same bits as the formats' own unit
+sizes on one thread. The formats' own tests check those bits against float64 references.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ft_kernels_cpu as fk
+from ft_kernels_cpu import bench_formats
+from ft_kernels_cpu.shapes import MoeShape
+from helpers.moe_reference import BF16
+
+E, TOP_K, T = 6, 4, 5
+
+
+def shape_for(fmt: str) -> MoeShape:
+    # 640 = 2 x 256 + 128: the last prep block of the 256-row formats is short. The K-quants of the
+    # gguf banks need multiples of 256.
+    inter = 768 if fmt == "gguf" else 640
+    return MoeShape(512, inter, E, TOP_K, 1, "swigluoai" if fmt == "mxfp4" else "silu")
+
+
+def run_format(fmt: str, threads: int) -> np.ndarray:
+    shape = shape_for(fmt)
+    mod = bench_formats.load(fmt)
+    rng = np.random.default_rng(7)
+    banks = mod.banks(shape, E, rng)
+    ex = fk.MoeExecutor(shape.hidden, TOP_K, max_tokens=T, num_threads=threads)
+    ex.add_layer(
+        0,
+        fmt,
+        num_experts=E,
+        intermediate=shape.intermediate,
+        banks=banks,
+        activation=shape.activation,
+        options=getattr(mod, "OPTIONS", None),
+    )
+    bits = bench_formats.random_bf16_bits(rng, (T, shape.hidden))
+    x = bits.view(BF16)
+    # Duplicate experts across tokens, a -1 route, a token with no route at all.
+    ids = np.array([[0, 1, 2, 3], [1, 0, -1, 5], [4, 4, 2, 1], [-1, -1, -1, -1], [5, 3, 0, 2]], dtype=np.int32)
+    w = rng.random((T, TOP_K), dtype=np.float32)
+    return ex.run(0, x, ids, w).view(np.uint16)
+
+
+@pytest.mark.parametrize("fmt", fk.weight_formats())
+def test_unit_rows_never_change_results(fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FT_CPU_MOE_UNIT_ROWS", raising=False)
+    want = run_format(fmt, threads=1)
+    assert np.any(want != 0)
+    for rows in ("0,0", "1,1", "8,48", "16,256", "0,7"):
+        monkeypatch.setenv("FT_CPU_MOE_UNIT_ROWS", rows)
+        got = run_format(fmt, threads=3)
+        np.testing.assert_array_equal(got, want, err_msg=f"{fmt} with FT_CPU_MOE_UNIT_ROWS={rows}")
+
+
+@pytest.mark.parametrize("value", ["abc", "16", "16,", "1,2,3", "-1,4", "4,257", "300,0"])
+def test_unit_rows_variable_is_checked(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FT_CPU_MOE_UNIT_ROWS", value)
+    with pytest.raises(ValueError, match=r"FT_CPU_MOE_UNIT_ROWS='.*' must be two integers 'P1,P2' in \[0, 256\]"):
+        fk.MoeExecutor(64, 2, max_tokens=1)
+
+
+def test_pass1_unit_must_divide_the_prep_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    # q4_0 prepares h in blocks of 256 (int8 tier) or 16 rows: 3-row units divide neither.
+    monkeypatch.setenv("FT_CPU_MOE_UNIT_ROWS", "3,0")
+    with pytest.raises(ValueError, match=r"3 rows per pass-1 unit \(FT_CPU_MOE_UNIT_ROWS\) must divide the format's"):
+        run_format("q4_0", threads=1)
