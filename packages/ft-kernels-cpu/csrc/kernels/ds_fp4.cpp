@@ -48,7 +48,7 @@ class DsFp4Format final : public MoeFormat {
 
   // prep_inter takes whole blocks of 128: a multiple of act_block (32 or 128) and the step of the
   // prepared vectors (fp4_common.h).
-  int pass1_rows() const override { return 32; }
+  int pass1_rows() const override { return 64; }  // as nvfp4's
   int prep_rows() const override { return kPrepRows; }
   int pass2_rows() const override { return kPass2Rows; }
 

@@ -129,8 +129,8 @@ class GgmlMoeFormat final : public MoeFormat {
   void gate_up_tokens(const TaskInput& in, int e, const int* tokens, const float* in_scales, int n, int i0, int i1,
                       float* gate, float* up, int stride) const override;
   void down_rows(int e, int h0, int h1, const RouteRef* routes, int n, float* out, int stride) const override;
-  // prep_inter quantizes whole Q8 groups of h.
-  int pass1_rows() const override { return down_q8_ ? 32 : 16; }
+  // prep_inter quantizes whole Q8 groups of h; pass-1 units of (at most) 64 rows, as nvfp4's.
+  int pass1_rows() const override { return down_q8_ ? std::min(64, prep_rows()) : 16; }
   int prep_rows() const override { return down_q8_ ? std::max(32, down_.type->q8_group) : 16; }
   int pass2_rows() const override { return kPass2Rows; }
   void prep_input(const TaskInput& in) override;

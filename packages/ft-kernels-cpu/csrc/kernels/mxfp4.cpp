@@ -41,7 +41,7 @@ class Mxfp4Format final : public MoeFormat {
   }
 
   // prep_inter prepares whole steps of 128 of the intermediate (fp4_common.h).
-  int pass1_rows() const override { return 32; }
+  int pass1_rows() const override { return 64; }  // as nvfp4's
   int prep_rows() const override { return kMaxPass1Rows; }
   int pass2_rows() const override { return kPass2Rows; }
 

@@ -331,8 +331,10 @@ class Nvfp4Format final : public MoeFormat {
     b2_ = static_cast<const float*>(args.optional_bank("w2_bias", {E, H}, DType::f32));
   }
 
-  // prep_inter takes whole chunks of the tier's order (32, or 256 for VNNI).
-  int pass1_rows() const override { return 32; }
+  // prep_inter takes whole chunks of the tier's order (32, or 256 for VNNI). Pass-1 units of 64 rows:
+  // 96 units per Qwen3-30B-A3B decode step, measured best of 32 / 64 / 256 on the 16-core Xeon
+  // (docs/benchmarks.md).
+  int pass1_rows() const override { return vnni() ? 64 : 32; }
   int prep_rows() const override { return vnni() ? 256 : 32; }
   int pass2_rows() const override { return kPass2Rows; }
 
