@@ -273,8 +273,9 @@ FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void nvfp4_vnni_bloc
 // 4 consecutive rows (w, sc: the first; ldw, lds apart) against one vector, K a multiple of 256 (the
 // caller's condition), the 4 sums from one transposed reduction; each row's arithmetic is exactly
 // nvfp4_row_vnni<1>'s. The rows are interleaved block by block (the 4 rows take the same x record,
-// hot in L1, and give the core 4 independent chains): 4 streams, which the hardware prefetchers of Zen 5 do
-// not follow, so the software prefetch walks the 4 rows' span in address order at 4 times the pace.
+// hot in L1, and give the core 4 independent chains): 4 streams, which the hardware prefetchers of
+// Zen 5 do not follow, so the software prefetch walks the 4 rows' span in address order at 4 times
+// the pace.
 FT_TARGET_AVX512_BF16 void nvfp4_rows4_vnni(const uint8_t* w, const uint8_t* sc, size_t ldw, size_t lds,
                                             const uint8_t* xq, int K, float* out, const Prefetch& pf) {
   __m512 acc[4];
