@@ -72,3 +72,35 @@ def test_pass1_unit_must_divide_the_prep_block(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("FT_CPU_MOE_UNIT_ROWS", "3,0")
     with pytest.raises(ValueError, match=r"3 rows per pass-1 unit \(FT_CPU_MOE_UNIT_ROWS\) must divide the format's"):
         run_format("q4_0", threads=1)
+
+
+def test_pool_profile_counts_runs_and_units(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FT_CPU_MOE_UNIT_ROWS", "8,16")
+    rng = np.random.default_rng(0)
+    H, I = 64, 32
+    ex = fk.MoeExecutor(H, 2, max_tokens=2, num_threads=2)
+    ex.add_layer(
+        0,
+        "bf16",
+        num_experts=4,
+        intermediate=I,
+        banks={
+            "w13": rng.standard_normal((4, 2 * I, H)).astype(BF16),
+            "w2": rng.standard_normal((4, H, I)).astype(BF16),
+        },
+    )
+    x = rng.standard_normal((2, H)).astype(BF16)
+    ids = np.array([[0, 1], [1, 3]], dtype=np.int32)  # 3 distinct experts
+    w = np.ones((2, 2), np.float32)
+    ex.run(0, x, ids, w)
+    ex.reset_pool_profile()
+    for _ in range(3):
+        ex.run(0, x, ids, w)
+    p = ex.pool_profile()
+    assert p["runs"] == 3
+    assert p["units1"] == 3 * 3 * (I // 8)  # per run: 3 experts x 4 blocks of 8 rows
+    assert p["units2"] == 3 * (H // 16)
+    assert 0 <= p["pass1_s"] and 0 <= p["pass2_s"] and 0 <= p["barrier_s"]
+    assert p["pass1_s"] + p["pass2_s"] + p["barrier_s"] <= p["wall_s"] * 1.01
+    ex.reset_pool_profile()
+    assert ex.pool_profile()["runs"] == 0 and ex.pool_profile()["units1"] == 0
