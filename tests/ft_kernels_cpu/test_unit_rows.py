@@ -44,7 +44,9 @@ def run_format(fmt: str, threads: int) -> np.ndarray:
     bits = bench_formats.random_bf16_bits(rng, (T, shape.hidden))
     x = bits.view(BF16)
     # Duplicate experts across tokens, a -1 route, a token with no route at all.
-    ids = np.array([[0, 1, 2, 3], [1, 0, -1, 5], [4, 4, 2, 1], [-1, -1, -1, -1], [5, 3, 0, 2]], dtype=np.int32)
+    ids = np.array(
+        [[0, 1, 2, 3], [1, 0, -1, 5], [4, 4, 2, 1], [-1, -1, -1, -1], [5, 3, 0, 2]], dtype=np.int32
+    )
     w = rng.random((T, TOP_K), dtype=np.float32)
     return ex.run(0, x, ids, w).view(np.uint16)
 
@@ -63,14 +65,18 @@ def test_unit_rows_never_change_results(fmt: str, monkeypatch: pytest.MonkeyPatc
 @pytest.mark.parametrize("value", ["abc", "16", "16,", "1,2,3", "-1,4", "4,257", "300,0"])
 def test_unit_rows_variable_is_checked(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FT_CPU_MOE_UNIT_ROWS", value)
-    with pytest.raises(ValueError, match=r"FT_CPU_MOE_UNIT_ROWS='.*' must be two integers 'P1,P2' in \[0, 256\]"):
+    with pytest.raises(
+        ValueError, match=r"FT_CPU_MOE_UNIT_ROWS='.*' must be two integers 'P1,P2' in \[0, 256\]"
+    ):
         fk.MoeExecutor(64, 2, max_tokens=1)
 
 
 def test_pass1_unit_must_divide_the_prep_block(monkeypatch: pytest.MonkeyPatch) -> None:
     # q4_0 prepares h in blocks of 256 (int8 tier) or 16 rows: 3-row units divide neither.
     monkeypatch.setenv("FT_CPU_MOE_UNIT_ROWS", "3,0")
-    with pytest.raises(ValueError, match=r"3 rows per pass-1 unit \(FT_CPU_MOE_UNIT_ROWS\) must divide the format's"):
+    with pytest.raises(
+        ValueError, match=r"3 rows per pass-1 unit \(FT_CPU_MOE_UNIT_ROWS\) must divide the format's"
+    ):
         run_format("q4_0", threads=1)
 
 
@@ -100,7 +106,7 @@ def test_pool_profile_counts_runs_and_units(monkeypatch: pytest.MonkeyPatch) -> 
     assert p["runs"] == 3
     assert p["units1"] == 3 * 3 * (I // 8)  # per run: 3 experts x 4 blocks of 8 rows
     assert p["units2"] == 3 * (H // 16)
-    assert 0 <= p["pass1_s"] and 0 <= p["pass2_s"] and 0 <= p["barrier_s"]
+    assert p["pass1_s"] >= 0 and p["pass2_s"] >= 0 and p["barrier_s"] >= 0
     assert p["pass1_s"] + p["pass2_s"] + p["barrier_s"] <= p["wall_s"] * 1.01
     ex.reset_pool_profile()
     assert ex.pool_profile()["runs"] == 0 and ex.pool_profile()["units1"] == 0

@@ -189,6 +189,7 @@ def bench_format(
     gbs = statistics.median(r[0] for r in rows)
     read_gbs = statistics.median(r[1] for r in rows)
     us_step = statistics.median(r[3] for r in rows)
+
     # Per step, in us of one worker: time in pass-1 / pass-2 units, waiting at the pass barrier, and
     # outside units (joining late, done early), averaged over workers; median over the samples.
     def per_step(key: str) -> float:
