@@ -110,3 +110,25 @@ def test_pool_profile_counts_runs_and_units(monkeypatch: pytest.MonkeyPatch) -> 
     assert p["pass1_s"] + p["pass2_s"] + p["barrier_s"] <= p["wall_s"] * 1.01
     ex.reset_pool_profile()
     assert ex.pool_profile()["runs"] == 0 and ex.pool_profile()["units1"] == 0
+
+
+@pytest.mark.parametrize(("threads", "units2"), [(4, 32), (15, 128), (16, 32)])
+def test_pass2_units_balance_the_threads(threads: int, units2: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # mxfp4 takes 64 output rows per pass-2 unit: 32 units of 2048 rows. 15 threads would run them in
+    # 3 rounds, the last one mostly idle; units of 16 rows (128) fill 9 rounds to 95%.
+    monkeypatch.delenv("FT_CPU_MOE_UNIT_ROWS", raising=False)
+    shape = MoeShape(2048, 64, 1, 1, 1, "swigluoai")
+    mod = bench_formats.load("mxfp4")
+    ex = fk.MoeExecutor(shape.hidden, 1, max_tokens=1, num_threads=threads)
+    ex.add_layer(
+        0,
+        "mxfp4",
+        num_experts=1,
+        intermediate=64,
+        banks=mod.banks(shape, 1, np.random.default_rng(0)),
+        activation="swigluoai",
+    )
+    x = bench_formats.random_bf16_bits(np.random.default_rng(1), (1, 2048)).view(BF16)
+    ex.reset_pool_profile()
+    ex.run(0, x, np.zeros((1, 1), np.int32), np.ones((1, 1), np.float32))
+    assert ex.pool_profile()["units2"] == units2
