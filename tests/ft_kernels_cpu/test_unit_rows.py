@@ -72,12 +72,11 @@ def test_unit_rows_variable_is_checked(value: str, monkeypatch: pytest.MonkeyPat
 
 
 def test_pass1_unit_must_divide_the_prep_block(monkeypatch: pytest.MonkeyPatch) -> None:
-    # q4_0 prepares h in blocks of 256 (int8 tier) or 16 rows: 3-row units divide neither.
+    # mxfp4 prepares h in steps of 128 rows in every tier: 3-row units do not divide them.
     monkeypatch.setenv("FT_CPU_MOE_UNIT_ROWS", "3,0")
-    with pytest.raises(
-        ValueError, match=r"3 rows per pass-1 unit \(FT_CPU_MOE_UNIT_ROWS\) must divide the format's"
-    ):
-        run_format("q4_0", threads=1)
+    msg = r"3 rows per pass-1 unit \(FT_CPU_MOE_UNIT_ROWS\) must divide the format's prep block of 128 rows"
+    with pytest.raises(ValueError, match=msg):
+        run_format("mxfp4", threads=1)
 
 
 def test_pool_profile_counts_runs_and_units(monkeypatch: pytest.MonkeyPatch) -> None:
