@@ -201,9 +201,10 @@ static void parse_unit_rows(int* rows1, int* rows2) {
 }
 
 // Rows per pass-2 unit: the format's, halved (at most twice, not below 8 rows) while the units would
-// leave more than a tenth of the threads' rounds idle. Measured on the 16-core Xeon (nvfp4, 2048
-// output rows in units of 64): 32 units suit 16 threads (214 us/step against 240 in units of 16) but
-// leave 15 threads a third round (225 us against 213 in units of 16). Unit sizes never change results.
+// leave more than a tenth of the threads' rounds idle: nvfp4's 2048 output rows in units of 64 are
+// 32 units, 2 full rounds for 16 threads (214 us/step on the 16-core Xeon against 240 in units of 16)
+// but 3 rounds, the last mostly idle, for 15 (225 us against 213 in units of 16: one run each, and
+// the ratios to the runs' read bandwidth disagree). Unit sizes never change results.
 static int balanced_pass2_rows(int rows, int total, int threads) {
   auto balance = [&](int r) {
     const int n = (total + r - 1) / r, rounds = (n + threads - 1) / threads;
