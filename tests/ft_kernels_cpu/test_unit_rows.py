@@ -104,30 +104,37 @@ def test_pool_profile_counts_runs_and_units(monkeypatch: pytest.MonkeyPatch) -> 
     p = ex.pool_profile()
     assert p["runs"] == 3
     assert p["units1"] == 3 * 3 * (I // 8)  # per run: 3 experts x 4 blocks of 8 rows
-    assert p["units2"] == 3 * (H // 16)
+    assert p["units2"] == 3 * 3 * (H // 16)  # per run: 3 experts x 4 blocks of 16 rows
     assert p["pass1_s"] >= 0 and p["pass2_s"] >= 0 and p["barrier_s"] >= 0
     assert p["pass1_s"] + p["pass2_s"] + p["barrier_s"] <= p["wall_s"] * 1.01
     ex.reset_pool_profile()
     assert ex.pool_profile()["runs"] == 0 and ex.pool_profile()["units1"] == 0
 
 
-@pytest.mark.parametrize(("threads", "units2"), [(4, 32), (15, 128), (16, 32)])
-def test_pass2_units_balance_the_threads(threads: int, units2: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    # mxfp4 takes 64 output rows per pass-2 unit: 32 units of 2048 rows. 15 threads would run them in
-    # 3 rounds, the last one mostly idle; units of 16 rows (128) fill 9 rounds to 95%.
+@pytest.mark.parametrize(
+    ("threads", "experts", "units2"), [(4, 8, 64), (15, 8, 128), (16, 8, 128), (16, 1, 32), (16, 3, 96)]
+)
+def test_pass2_units_follow_the_groups_and_threads(
+    threads: int, experts: int, units2: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pass-2 unit is one expert's block of output rows: 256 rows, halved while the run's experts
+    # give fewer than 8 units per thread, never below mxfp4's own 64 rows. 2048 rows and 8 experts:
+    # 64 units of 256 rows fill 4 threads 16 times; 15 and 16 threads get 128 units of 128 rows. One
+    # expert stops at 64 rows (32 units), and so do 3 experts (96 units; 128 would need 32 rows).
     monkeypatch.delenv("FT_CPU_MOE_UNIT_ROWS", raising=False)
-    shape = MoeShape(2048, 64, 1, 1, 1, "swigluoai")
+    shape = MoeShape(2048, 64, experts, experts, 1, "swigluoai")
     mod = bench_formats.load("mxfp4")
-    ex = fk.MoeExecutor(shape.hidden, 1, max_tokens=1, num_threads=threads)
+    ex = fk.MoeExecutor(shape.hidden, experts, max_tokens=1, num_threads=threads)
     ex.add_layer(
         0,
         "mxfp4",
-        num_experts=1,
+        num_experts=experts,
         intermediate=64,
-        banks=mod.banks(shape, 1, np.random.default_rng(0)),
+        banks=mod.banks(shape, experts, np.random.default_rng(0)),
         activation="swigluoai",
     )
     x = bench_formats.random_bf16_bits(np.random.default_rng(1), (1, 2048)).view(BF16)
     ex.reset_pool_profile()
-    ex.run(0, x, np.zeros((1, 1), np.int32), np.ones((1, 1), np.float32))
+    ids = np.arange(experts, dtype=np.int32).reshape(1, experts)
+    ex.run(0, x, ids, np.full((1, experts), 1.0 / experts, np.float32))
     assert ex.pool_profile()["units2"] == units2

@@ -28,7 +28,16 @@ struct MoeJob final : PoolJob {
   std::vector<int> member_next;  // scratch for the grouping
   int rows1 = 16, nblk1 = 0;
   uint32_t n1 = 0;
-  int rows2 = 16;
+  // Pass 2 work: units (group, block of rows2 output rows), groups in the same order as pass 1. A
+  // unit writes its routes' values into `vals` (by member position); the unit that completes a
+  // block (the last of the G groups to finish it) sums each token's routes into y.
+  int rows2 = 16, nblk2 = 0;
+  std::vector<int> member_of_route;  // [T * k] -> position in `members`, or -1
+  float* vals = nullptr;             // [routed][vals_stride]
+  int vals_stride = 0;
+  std::unique_ptr<std::atomic<int>[]> group_done;  // pass-1 units done per group
+  std::unique_ptr<std::atomic<int>[]> block_done;  // groups done per pass-2 block
+  size_t group_done_size = 0, block_done_size = 0;
 
   float* inter = nullptr;
   size_t inter_stride = 0;
@@ -44,10 +53,18 @@ struct MoeJob final : PoolJob {
   void run_unit(uint32_t u, int worker) override {
     float* s = scratch + worker * scratch_stride;
     if (u < n1) {
-      pass1(static_cast<int>(u) / nblk1, static_cast<int>(u) % nblk1, s);
+      const int g = static_cast<int>(u) / nblk1;
+      pass1(g, static_cast<int>(u) % nblk1, s);
+      // release: the pass-2 units of the group see this unit's h rows (and the prep it may have done)
+      group_done[g].fetch_add(1, std::memory_order_release);
     } else {
-      pass2(static_cast<int>(u - n1), s);
+      pass2(static_cast<int>(u - n1) / nblk2, static_cast<int>(u - n1) % nblk2, s);
     }
+  }
+
+  // A group's down rows need only that group's intermediate: no barrier across all of pass 1.
+  bool pass2_ready(uint32_t u2, uint32_t /*pass1_done*/, uint32_t /*n1*/) const override {
+    return group_done[u2 / static_cast<uint32_t>(nblk2)].load(std::memory_order_acquire) == nblk1;
   }
 
   void pass1(int g, int b, float* s) {
@@ -89,25 +106,22 @@ struct MoeJob final : PoolJob {
                     prep ? prep + route * prep_stride : nullptr};
   }
 
-  void pass2(int b, float* s) {
+  void pass2(int g, int b, float* s) {
     const MoeFormat& fmt = *layer->fmt;
     const int h0 = b * rows2, h1 = std::min(H, h0 + rows2), rows = h1 - h0;
-    // Each expert's rows once for all of its routes, then each token's routes summed in order.
+    // The group's rows once for all of its routes (in chunks), into their members' rows of `vals`.
     constexpr int kChunk = MoeFormat::kMaxTokensPerCall;
-    float* vals = s + kMaxBlockRows;  // [T * k][rows2], by route
     RouteRef refs[kChunk];
-    for (size_t g = 0; g + 1 < group_begin.size(); ++g) {
-      for (int m0 = group_begin[g]; m0 < group_begin[g + 1]; m0 += kChunk) {
-        const int cnt = std::min(kChunk, group_begin[g + 1] - m0);
-        for (int j = 0; j < cnt; ++j) refs[j] = route_ref(members[m0 + j]);
-        // Routes of a chunk are not contiguous in `vals`: compute into s, then scatter.
-        float* tmp = vals + static_cast<size_t>(T) * k * rows2;
-        fmt.down_rows(group_expert[g], h0, h1, refs, cnt, tmp, rows2);
-        for (int j = 0; j < cnt; ++j) {
-          std::copy(tmp + j * rows2, tmp + j * rows2 + rows, vals + static_cast<size_t>(members[m0 + j]) * rows2);
-        }
-      }
+    for (int m0 = group_begin[g]; m0 < group_begin[g + 1]; m0 += kChunk) {
+      const int cnt = std::min(kChunk, group_begin[g + 1] - m0);
+      for (int j = 0; j < cnt; ++j) refs[j] = route_ref(members[m0 + j]);
+      fmt.down_rows(group_expert[g], h0, h1, refs, cnt, vals + static_cast<size_t>(m0) * vals_stride + h0,
+                    vals_stride);
     }
+    // acq_rel: the unit that completes the block sees every group's values of it.
+    const int G = static_cast<int>(group_expert.size());
+    if (block_done[b].fetch_add(1, std::memory_order_acq_rel) + 1 != G) return;
+    // Each token's routes summed in route order.
     for (int t = 0; t < T; ++t) {
       bool any = false;
       std::fill(s, s + rows, 0.f);
@@ -116,7 +130,7 @@ struct MoeJob final : PoolJob {
         if (ids[route] < 0) continue;
         any = true;
         const float w = on_input ? 1.f : weights[route];
-        const float* v = vals + static_cast<size_t>(route) * rows2;
+        const float* v = vals + static_cast<size_t>(member_of_route[route]) * vals_stride + h0;
         for (int j = 0; j < rows; ++j) s[j] += w * v[j];
       }
       if (!any) continue;
@@ -200,22 +214,14 @@ static void parse_unit_rows(int* rows1, int* rows2) {
   *rows2 = static_cast<int>(b);
 }
 
-// Rows per pass-2 unit: the format's, halved (at most twice, not below 8 rows) while the units would
-// leave more than a tenth of the threads' rounds idle: nvfp4's 2048 output rows in units of 64 are
-// 32 units, 2 full rounds for 16 threads (214 us/step on the 16-core Xeon against 240 in units of 16)
-// but 3 rounds, the last mostly idle, for 15 (225 us against 213 in units of 16: one run each, and
-// the ratios to the runs' read bandwidth disagree). Unit sizes never change results.
-static int balanced_pass2_rows(int rows, int total, int threads) {
-  auto balance = [&](int r) {
-    const int n = (total + r - 1) / r, rounds = (n + threads - 1) / threads;
-    return static_cast<double>(n) / (static_cast<double>(rounds) * threads);
-  };
-  int best = rows;
-  for (int r = rows, k = 0; k < 3 && r >= 8; r /= 2, ++k) {
-    if (balance(r) >= 0.9) return r;
-    if (balance(r) > balance(best)) best = r;
-  }
-  return best;
+// Rows per pass-2 unit (one group's rows of one block): from kMaxBlockRows down to the format's
+// pass2_rows(), halved while the run's G groups would give fewer than 8 units per thread. A decode
+// step of Qwen3-30B-A3B (8 groups, 2048 rows) on 16 threads: 128 units of 128 rows, each one stream
+// of one expert's rows. Unit sizes never change results.
+static int pass2_rows_for(int base, int H, int groups, int threads) {
+  int r = kMaxBlockRows;
+  while (r / 2 >= std::max(1, base) && static_cast<long long>(groups) * ((H + r - 1) / r) < 8LL * threads) r /= 2;
+  return r;
 }
 
 static int checked_threads(int num_threads) {
@@ -239,6 +245,7 @@ MoeExecutor::MoeExecutor(int hidden, int top_k, int max_tokens, int num_threads,
   }
   if (max_tokens <= 0) throw Error("max_tokens must be > 0, got " + std::to_string(max_tokens));
   x_f32_.resize(static_cast<size_t>(max_tokens) * hidden);
+  vals_.resize(static_cast<size_t>(max_tokens) * top_k * hidden);
 
   abi_.abi_version = FT_MOE_ABI_VERSION;
   abi_.struct_size = sizeof(ft_moe_executor_abi);
@@ -288,8 +295,7 @@ void MoeExecutor::add_layer(int layer, const std::string& format, int num_expert
   args.check_all_used();
   const int prep_rows = L.fmt->prep_rows();
   const int rows1 = unit_rows1_ ? unit_rows1_ : L.fmt->pass1_rows();
-  const int rows2 =
-      unit_rows2_ ? unit_rows2_ : balanced_pass2_rows(L.fmt->pass2_rows(), hidden_, pool_.num_threads());
+  const int rows2 = unit_rows2_ ? unit_rows2_ : L.fmt->pass2_rows();  // the least; run() picks per run
   if (rows1 < 1 || rows1 > kMaxBlockRows || rows2 < 1 || rows2 > kMaxBlockRows || prep_rows < 1) {
     throw Error(args.context() + ": pass block rows out of range");
   }
@@ -300,6 +306,7 @@ void MoeExecutor::add_layer(int layer, const std::string& format, int num_expert
   }
   L.rows1 = rows1;
   L.rows2 = rows2;
+  L.rows2_fixed = unit_rows2_ != 0;
   L.prep_rows = prep_rows;
 
   // Grow scratch to cover this layer.
@@ -308,11 +315,9 @@ void MoeExecutor::add_layer(int layer, const std::string& format, int num_expert
   inter_.resize(routes * inter_stride_);
   prep_stride_ = std::max(prep_stride_, (L.fmt->inter_prep_bytes() + 63) / 64 * 64);
   if (prep_stride_) inter_prep_.resize(routes * prep_stride_);
-  // Per worker: pass 1 gate and up rows of a token chunk; pass 2 one output block, the per-route
-  // values of down_rows ([max_tokens * top_k] blocks) and a chunk of them.
+  // Per worker: pass 1 gate and up rows of a token chunk; pass 2 one output block (within the same).
   const size_t pass1_floats = 2 * MoeFormat::kMaxTokensPerCall * kMaxBlockRows;
-  const size_t pass2_floats = kMaxBlockRows + (routes + MoeFormat::kMaxTokensPerCall) * static_cast<size_t>(rows2);
-  worker_stride_ = std::max(worker_stride_, (std::max(pass1_floats, pass2_floats) + 15) / 16 * 16);
+  worker_stride_ = std::max(worker_stride_, (pass1_floats + 15) / 16 * 16);
   worker_scratch_.resize(static_cast<size_t>(pool_.num_threads()) * worker_stride_);
   layers_.emplace(layer, std::move(L));
 }
@@ -388,7 +393,6 @@ void MoeExecutor::run_locked(const ft_moe_task& task) {
   job.I = L.params.intermediate;
   job.on_input = L.params.router_weight_on_input;
   job.rows1 = L.rows1;
-  job.rows2 = L.rows2;
   job.prep_rows = L.prep_rows;
 
   const uint16_t* x = static_cast<const uint16_t*>(task.x);
@@ -419,8 +423,12 @@ void MoeExecutor::run_locked(const ft_moe_task& task) {
   for (int g = 0; g < G; ++g) job.group_begin[g + 1] += job.group_begin[g];
   job.members.resize(routed);
   job.member_next.assign(job.group_begin.begin(), job.group_begin.end() - 1);
+  job.member_of_route.assign(static_cast<size_t>(T) * k, -1);
   for (int i = 0; i < T * k; ++i) {
-    if (task.ids[i] >= 0) job.members[job.member_next[job.group_of_expert[task.ids[i]]]++] = i;
+    if (task.ids[i] < 0) continue;
+    const int m = job.member_next[job.group_of_expert[task.ids[i]]]++;
+    job.members[m] = i;
+    job.member_of_route[i] = m;
   }
   for (int g = 0; g < G; ++g) job.group_of_expert[job.group_expert[g]] = -1;
 
@@ -449,7 +457,22 @@ void MoeExecutor::run_locked(const ft_moe_task& task) {
     for (size_t i = 0; i < need; ++i) job.prep_done[i].store(0, std::memory_order_relaxed);
   }
   job.n1 = static_cast<uint32_t>(G) * job.nblk1;
-  const uint32_t n2 = static_cast<uint32_t>((H + job.rows2 - 1) / job.rows2);
+  job.rows2 = L.rows2_fixed ? L.rows2 : pass2_rows_for(L.rows2, H, G, pool_.num_threads());
+  job.nblk2 = (H + job.rows2 - 1) / job.rows2;
+  job.vals = vals_.data();
+  job.vals_stride = H;
+  if (job.group_done_size < static_cast<size_t>(G)) {
+    job.group_done = std::make_unique<std::atomic<int>[]>(G);
+    job.group_done_size = G;
+  }
+  if (job.block_done_size < static_cast<size_t>(job.nblk2)) {
+    job.block_done = std::make_unique<std::atomic<int>[]>(job.nblk2);
+    job.block_done_size = job.nblk2;
+  }
+  // Published to the workers by the pool's release of the job.
+  for (int g = 0; g < G; ++g) job.group_done[g].store(0, std::memory_order_relaxed);
+  for (int b = 0; b < job.nblk2; ++b) job.block_done[b].store(0, std::memory_order_relaxed);
+  const uint32_t n2 = static_cast<uint32_t>(G) * job.nblk2;
   pool_.run(job.n1, n2, &job);
 }
 

@@ -2,8 +2,9 @@
 // pinned worker pool.
 //
 // Pass 1 (units: expert x block of intermediate rows, all of the expert's tokens): gate/up rows,
-// router weight on input if asked, activation, prep_inter. Barrier. Pass 2 (units: block of output
-// rows, every token): the format's down over all of a token's routes in route order. Every output
+// router weight on input if asked, activation, prep_inter. Pass 2 (units: expert x block of output
+// rows, all of the expert's tokens; a unit starts once its expert's pass 1 is done): the format's
+// down rows; the unit that completes a block sums each token's routes in route order. Every output
 // element is computed by the same arithmetic whatever the thread count.
 #pragma once
 
@@ -60,7 +61,9 @@ class MoeExecutor {
     MoeParams params;
     ActivationSpec act;
     std::unique_ptr<MoeFormat> fmt;
-    int rows1 = 16, rows2 = 16, prep_rows = 16;  // pass-1 / pass-2 unit rows, prep_inter block rows
+    // pass-1 unit rows, the least pass-2 unit rows (exact when rows2_fixed), prep_inter block rows
+    int rows1 = 16, rows2 = 16, prep_rows = 16;
+    bool rows2_fixed = false;
   };
 
  private:
@@ -82,6 +85,7 @@ class MoeExecutor {
   AlignedBuffer<float> x_f32_;          // [max_tokens, hidden]
   AlignedBuffer<float> inter_;          // [max_tokens, top_k, I_max]
   AlignedBuffer<uint8_t> inter_prep_;   // [max_tokens, top_k, prep_bytes_max]
+  AlignedBuffer<float> vals_;           // [max_tokens * top_k, hidden]: pass 2's per-route values
   AlignedBuffer<float> worker_scratch_; // per worker: gate, up, out rows
   size_t inter_stride_ = 0, prep_stride_ = 0, worker_stride_ = 0;
   AlignedBuffer<uint8_t> bw_buffer_;

@@ -83,9 +83,9 @@ class MoeFormat {
  public:
   virtual ~MoeFormat() = default;
 
-  // Intermediate rows per pass-1 unit and output rows per pass-2 unit (the executor may cut pass 2
-  // finer to balance its threads). A format computes every row the same way whichever rows share a
-  // call, so results never depend on unit sizes or the number of threads.
+  // Intermediate rows per pass-1 unit, and the fewest output rows per pass-2 unit (the executor
+  // takes up to 256 when a run has few experts per thread). A format computes every row the same way
+  // whichever rows share a call, so results never depend on unit sizes or the number of threads.
   virtual int pass1_rows() const { return 16; }
   virtual int pass2_rows() const { return 16; }
   // Intermediate rows that one prep_inter call takes whole (aligned blocks [p * n, (p + 1) * n)): a

@@ -176,7 +176,7 @@ void WorkerPool::work(uint32_t gen, int worker) {
       ++tk.units[0];
       done1_.fetch_add(1, std::memory_order_acq_rel);
     } else {
-      while (done1_.load(std::memory_order_acquire) < n1) cpu_relax();
+      while (!job->pass2_ready(unit - n1, done1_.load(std::memory_order_acquire), n1)) cpu_relax();
       const uint64_t t1 = ticks();
       tk.barrier += t1 - t0;
       job->run_unit(unit, worker);

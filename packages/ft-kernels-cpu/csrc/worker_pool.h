@@ -1,5 +1,6 @@
 // A fixed pool of worker threads, one pinned per physical core, that runs a two-phase job:
-// units [0, n1) (pass 1), a barrier, then units [n1, n1 + n2) (pass 2).
+// units [0, n1) (pass 1), then units [n1, n1 + n2) (pass 2). Units are claimed in order; a pass-2
+// unit starts once the job says its inputs are ready (by default: once all of pass 1 is done).
 //
 // The calling thread is worker 0 and takes units like the others, so a pool of N threads starts
 // N - 1 background threads. Idle workers spin briefly on the job generation, then sleep.
@@ -19,6 +20,10 @@ class PoolJob {
   virtual ~PoolJob() = default;
   // Runs one unit; `worker` is in [0, num_threads) and selects per-worker scratch.
   virtual void run_unit(uint32_t unit, int worker) = 0;
+  // Whether pass-2 unit `u2` (counted from the first pass-2 unit) may start, given how many of the n1
+  // pass-1 units are done. Polled while it returns false, so it must become true once the pass-1
+  // units it depends on are done: units are claimed in order, so those are already running.
+  virtual bool pass2_ready(uint32_t /*u2*/, uint32_t pass1_done, uint32_t n1) const { return pass1_done == n1; }
 };
 
 // Logical CPUs this process may run on, one per physical core, in ascending order.
@@ -31,7 +36,7 @@ struct PoolProfile {
   uint64_t runs = 0;
   uint64_t wall = 0;              // sum over runs of run() duration x num_threads
   uint64_t busy[2] = {0, 0};      // inside units of pass 1 / pass 2
-  uint64_t barrier = 0;           // holding a pass-2 unit, waiting for pass 1 to finish
+  uint64_t barrier = 0;           // holding a pass-2 unit, waiting for its inputs (pass2_ready)
   uint64_t units[2] = {0, 0};
   double ticks_per_second = 0.0;  // measured once per process
 };
