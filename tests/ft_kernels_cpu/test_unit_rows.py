@@ -138,3 +138,12 @@ def test_pass2_units_follow_the_groups_and_threads(
     ids = np.arange(experts, dtype=np.int32).reshape(1, experts)
     ex.run(0, x, ids, np.full((1, experts), 1.0 / experts, np.float32))
     assert ex.pool_profile()["units2"] == units2
+
+
+def test_bench_takes_a_list_of_formats_and_names_an_unknown_one(capsys: pytest.CaptureFixture[str]) -> None:
+    from ft_kernels_cpu import bench
+
+    with pytest.raises(SystemExit):
+        bench.main(["--format", "q4_0,int3", "--threads", "1"])
+    err = capsys.readouterr().err
+    assert "--format 'int3' is unknown; expected 'all' or a comma-separated list of bf16" in err

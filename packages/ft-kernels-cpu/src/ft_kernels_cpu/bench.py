@@ -243,7 +243,9 @@ def _cpu_name() -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ft_kernels_cpu.bench", description=__doc__.split("\n")[0])
     p.add_argument(
-        "--format", default="bf16", help=f"weight format or 'all' (formats: {', '.join(fk.weight_formats())})"
+        "--format",
+        default="bf16",
+        help=f"weight format, a comma-separated list of them, or 'all' (formats: {', '.join(fk.weight_formats())})",
     )
     p.add_argument("--shape", default="qwen3-30b-a3b", help=f"shape preset: {', '.join(SHAPES)}")
     p.add_argument(
@@ -290,10 +292,13 @@ def main(argv: list[str] | None = None) -> int:
     threads = a.threads if a.threads is not None else fk.physical_cores()
     if threads < 1:
         p.error(f"--threads must be >= 1, got {threads}")
-    formats = fk.weight_formats() if a.format == "all" else [a.format]
+    formats = fk.weight_formats() if a.format == "all" else a.format.split(",")
     for fmt in formats:
         if fmt not in fk.weight_formats():
-            p.error(f"--format {fmt!r} is unknown; expected 'all' or one of {', '.join(fk.weight_formats())}")
+            p.error(
+                f"--format {fmt!r} is unknown; expected 'all' or a comma-separated list of "
+                f"{', '.join(fk.weight_formats())}"
+            )
     try:
         get_shape(a.shape)
     except ValueError as e:
