@@ -427,9 +427,8 @@ float e4m3_rne_sat(float y) {
   const float a = std::fabs(y);
   float r;
   if (a < 0.015625f) {
-    // Below 2^-6 the grid is the subnormal step 2^-9 (scaling by 512 is exact; nearbyint rounds to
-    // nearest even in the default rounding mode).
-    r = std::nearbyint(a * 512.f) * (1.f / 512.f);
+    // Below 2^-6 the grid is the subnormal step 2^-9 (scaling by 512 is exact; a * 512 < 8).
+    r = round_even_small(a * 512.f) * (1.f / 512.f);
   } else {
     // Keep 3 mantissa bits, rounding to nearest even; a carry moves into the exponent as it should.
     uint32_t bits;
@@ -583,8 +582,8 @@ void q8_prep_vec(const float* v, int i0, int i1, void* out) {
     const float inv = amax > 0.f ? 127.f / amax : 0.f;
     int8_t c[128] = {};
     for (int e = 0; e < n; ++e) {
-      // round half to even (the default rounding mode), clamped to +-127
-      c[e] = static_cast<int8_t>(std::max(-127.f, std::min(127.f, std::nearbyint(v[g - i0 + e] * inv))));
+      // round half to even, clamped to +-127 (|v * inv| <= 127)
+      c[e] = static_cast<int8_t>(std::max(-127.f, std::min(127.f, round_even_small(v[g - i0 + e] * inv))));
     }
     uint8_t* rec = static_cast<uint8_t*>(out) + static_cast<size_t>(g / 128) * kQ8StepBytes;
     std::memset(rec, 0, kQ8StepBytes);
