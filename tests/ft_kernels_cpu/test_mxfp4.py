@@ -238,3 +238,35 @@ def test_hidden_must_be_a_multiple_of_32() -> None:
     with pytest.raises(ValueError, match=r"hidden=48 and intermediate=32 must be multiples of 32"):
         banks = make_layer(np.random.default_rng(0), 1, 64, 32)
         ex.add_layer(0, "mxfp4", num_experts=1, intermediate=32, banks=banks)
+
+
+@pytest.mark.skipif("avx2" not in TIERS, reason="the vector code of the int8 prep needs AVX2")
+@pytest.mark.parametrize("n", [1, 7, 8, 37, 127, 128])
+def test_int8_codes_of_the_prep_match_numpy(n: int) -> None:
+    # The int8 tier's x / h codes (q8_prep_vec): amax = max |v|, code = v * 127 / amax rounded half
+    # to even (numpy's rint), clamped to +-127. Both the scalar and the AVX2 code, against numpy, with
+    # exact ties (amax = 127: v * inv = v), NaN, inf and all-zero steps.
+    from ft_kernels_cpu._native import native
+
+    rng = np.random.default_rng(n)
+    cases = [rng.standard_normal(n).astype(np.float32)]
+    ties = (rng.integers(-126, 126, n) + 0.5).astype(np.float32)
+    ties[0] = 127.0
+    cases += [ties, np.zeros(n, np.float32)]
+    if n > 2:
+        with_nan = rng.standard_normal(n).astype(np.float32)
+        with_nan[n // 2] = np.nan
+        with_inf = rng.standard_normal(n).astype(np.float32)
+        with_inf[1] = -np.inf
+        cases += [with_nan, with_inf]
+    for v in cases:
+        finite = np.abs(v[~np.isnan(v)])
+        amax = np.float32(finite.max()) if finite.size else np.float32(0)
+        inv = np.float32(127.0) / amax if amax > 0 else np.float32(0)
+        with np.errstate(invalid="ignore"):
+            want = np.rint(v * inv)
+        want = np.where(np.isnan(want), 127, np.clip(want, -127, 127)).astype(np.int8)
+        for simd in (False, True):
+            got_amax, got = native._q8_codes(v.tobytes(), simd)
+            assert got_amax == amax, (simd, v)
+            np.testing.assert_array_equal(np.frombuffer(got, np.int8), want, err_msg=f"simd={simd}")

@@ -90,6 +90,13 @@ FT_TARGET_AVX2 inline float hsum8(__m256 v) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
+// Largest of the 8 lanes of an AVX register holding no NaN.
+FT_TARGET_AVX2 inline float hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
 #endif
 
 // 64-byte aligned, zero-initialised scratch of `count` elements of T.

@@ -5,9 +5,11 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <cstring>
 #include <cstdint>
 
 #include "executor.h"
+#include "kernels/fp4_common.h"
 #include "worker_pool.h"
 
 namespace py = pybind11;
@@ -54,6 +56,19 @@ PYBIND11_MODULE(_ft_kernels_cpu, m) {
   m.def("_resolve_isa_with_best", [](const std::string& requested, const std::string& best) {
     return std::string(ft::isa_name(ft::resolve_isa(requested, ft::isa_from_name(best, "best"))));
   });
+  m.def(
+      "_q8_codes",
+      [](const py::bytes& values, bool simd) {
+        const std::string v = values;
+        const int n = static_cast<int>(v.size() / sizeof(float));
+        if (n < 0 || n > 128 || v.size() % sizeof(float) != 0) throw ft::Error("_q8_codes takes 0..128 float32 values");
+        float f[128];
+        int8_t c[128] = {};
+        std::memcpy(f, v.data(), v.size());
+        const float amax = ft::fp4::q8_codes(f, n, c, simd);
+        return py::make_tuple(amax, py::bytes(reinterpret_cast<const char*>(c), n));
+      },
+      py::arg("values"), py::arg("simd"));
   m.def("physical_cores", [] { return static_cast<int>(ft::physical_core_cpus().size()); });
 
   py::class_<MoeExecutor>(m, "_Executor")

@@ -118,7 +118,7 @@ class DsFp4Format final : public MoeFormat {
     float q[kPrepRows];  // i1 - i0 <= kPrepRows in prep_inter; prep_input goes 128 at a time
     for (int g = i0; g < i1; g += kPrepRows) {
       const int n = std::min(kPrepRows, i1 - g);
-      fp4::fp8_round_trip(v + (g - i0), n, act_block_, q);
+      dsfp4::fp8_round_trip(p_.isa, v + (g - i0), n, act_block_, q);
       fp4::prep_vec(p_.isa, q, g, g + n, out);
     }
   }

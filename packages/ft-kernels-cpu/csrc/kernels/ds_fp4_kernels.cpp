@@ -103,7 +103,7 @@ FT_TARGET_AVX512_BF16 void rows(const uint8_t* W, const uint8_t* S, int nrows, c
 }
 
 // Round trip of v[0, n), n <= 128 elements in blocks of `block` from v[0], into q[0, n).
-FT_TARGET_AVX512_BF16 void round_trip_avx512(const float* v, int n, int block, float* q) {
+FT_TARGET_AVX512 void round_trip_avx512(const float* v, int n, int block, float* q) {
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   const __m512 small = _mm512_set1_ps(0.015625f), sat = _mm512_set1_ps(448.f);
   for (int b0 = 0; b0 < n; b0 += block) {
@@ -144,6 +144,18 @@ FT_TARGET_AVX512_BF16 void round_trip_avx512(const float* v, int n, int block, f
 #endif  // FT_X86
 
 }  // namespace
+
+void fp8_round_trip(Isa isa, const float* v, int n, int block, float* q) {
+#if FT_X86
+  if (isa >= Isa::avx512) {
+    for (int g = 0; g < n; g += 128) round_trip_avx512(v + g, std::min(128, n - g), block, q + g);
+    return;
+  }
+#else
+  (void)isa;
+#endif
+  fp4::fp8_round_trip(v, n, block, q);
+}
 
 void fp8_prep_vec(const float* v, int i0, int i1, int block, void* out) {
   uint16_t* o = static_cast<uint16_t*>(out);

@@ -64,6 +64,9 @@ void dot_rows_multi(Isa isa, const uint8_t* W, const uint8_t* S, int nrows, cons
 constexpr size_t kQ8StepBytes = 256;
 size_t q8_vec_bytes(int K);
 void q8_prep_vec(const float* v, int i0, int i1, void* out);
+// The codes of one step of n <= 128 elements into c[0, n), returning amax (simd: the AVX2 code, the
+// same bits as the scalar code; both are exposed to the tests as _ft_kernels_cpu._q8_codes).
+float q8_codes(const float* v, int n, int8_t* c, bool simd);
 // out[j * os + r] = W[r] . dequant(xs[j]) for n <= kMaxVectors int8 vectors (each block decoded once).
 void q8_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
                        float* out, int os, int prefetch);

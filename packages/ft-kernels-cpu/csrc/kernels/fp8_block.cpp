@@ -256,6 +256,17 @@ inline size_t fp8_bf16_slot(int k, int B) {
   const int CB = (B + 63) / 64 * 64, blk = k / B, i = k % B, q = i / 64, r = i % 64;
   return static_cast<size_t>(blk) * CB + q * 64 + (r & 1) * 32 + r / 2;
 }
+// d[fp8_bf16_slot(k, B)] = value(k) for k in [k0, k1), with one division per column block instead of
+// four per element (the prep of x was ~12 us of a decode step on the GPU machine's Xeon).
+template <class F>
+inline void fill_bf16_slots(int k0, int k1, int B, uint16_t* d, F value) {
+  const size_t CB = static_cast<size_t>((B + 63) / 64 * 64);
+  for (int k = k0; k < k1;) {
+    const int blk = k / B, end = std::min(k1, (blk + 1) * B);
+    uint16_t* db = d + blk * CB;
+    for (int i = k - blk * B; k < end; ++k, ++i) db[(i & ~63) + (i & 1) * 32 + ((i & 63) >> 1)] = value(k);
+  }
+}
 inline size_t fp8_bf16_len(int K, int B) { return static_cast<size_t>((K + B - 1) / B) * ((B + 63) / 64 * 64); }
 
 // Rows r0..r0+nrows-1 of one matrix against n vectors: W points at row r0 (row stride K bytes); S is
@@ -329,7 +340,7 @@ class Fp8BlockFormat final : public MoeFormat {
     for (int t = 0; t < in.num_tokens; ++t) {
       const uint16_t* x = in.x_bf16 + static_cast<size_t>(t) * p_.hidden;
       uint16_t* d = xb_.data() + t * len;
-      for (int k = 0; k < p_.hidden; ++k) d[fp8_bf16_slot(k, B_)] = x[k];
+      fill_bf16_slots(0, p_.hidden, B_, d, [x](int k) { return x[k]; });
     }
   }
 
@@ -337,7 +348,7 @@ class Fp8BlockFormat final : public MoeFormat {
 
   void prep_inter(const float* h, int i0, int i1, void* prepped) const override {
     uint16_t* d = static_cast<uint16_t*>(prepped);
-    for (int k = i0; k < i1; ++k) d[fp8_bf16_slot(k, B_)] = f32_to_bf16(h[k]);
+    fill_bf16_slots(i0, i1, B_, d, [h](int k) { return f32_to_bf16(h[k]); });
   }
 
   void gate_up(const TaskInput& in, int e, int t, int i0, int i1, float in_scale, float* gate,
