@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--format",
         default="bf16",
-        help=f"weight format, a comma-separated list of them, or 'all' (formats: {', '.join(fk.weight_formats())})",
+        help=f"weight format, comma-separated formats, or 'all' (formats: {', '.join(fk.weight_formats())})",
     )
     p.add_argument("--shape", default="qwen3-30b-a3b", help=f"shape preset: {', '.join(SHAPES)}")
     p.add_argument(
