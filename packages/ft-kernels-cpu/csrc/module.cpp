@@ -130,6 +130,8 @@ PYBIND11_MODULE(_ft_kernels_cpu, m) {
             d["pass1_s"] = p.busy[0] * s;
             d["pass2_s"] = p.busy[1] * s;
             d["barrier_s"] = p.barrier * s;
+            d["join_s"] = p.join * s;
+            d["tail_s"] = p.tail * s;
             d["units1"] = p.units[0];
             d["units2"] = p.units[1];
             return d;

@@ -115,6 +115,7 @@ WorkerPool::~WorkerPool() {
 void WorkerPool::run(uint32_t n1, uint32_t n2, PoolJob* job) {
   if (n1 + n2 == 0) return;
   const uint64_t t0 = ticks();
+  run_start_.store(t0, std::memory_order_relaxed);  // published by the release of gen_ below
   const uint32_t gen = gen_.load(std::memory_order_relaxed) + 1;
   job_.store(job, std::memory_order_relaxed);
   n1_.store(n1, std::memory_order_relaxed);
@@ -131,8 +132,13 @@ void WorkerPool::run(uint32_t n1, uint32_t n2, PoolJob* job) {
   while (done2_.load(std::memory_order_acquire) < n2 || done1_.load(std::memory_order_acquire) < n1) {
     cpu_relax();
   }
+  const uint64_t t_end = ticks();
+  // Every unit's end tick was written before its done counter's release; the loads above acquired them.
+  for (WorkerTicks& tk : ticks_) {
+    if (tk.last_end > t0) tail_ += t_end - tk.last_end;
+  }
   ++runs_;
-  wall_ += (ticks() - t0) * static_cast<uint64_t>(num_threads_);
+  wall_ += (t_end - t0) * static_cast<uint64_t>(num_threads_);
 }
 
 PoolProfile WorkerPool::profile() const {
@@ -145,17 +151,21 @@ PoolProfile WorkerPool::profile() const {
       p.units[i] += t.units[i];
     }
     p.barrier += t.barrier;
+    p.join += t.join;
   }
+  p.tail = tail_;
   p.ticks_per_second = ticks_per_second();
   return p;
 }
 
 void WorkerPool::reset_profile() {
   for (WorkerTicks& t : ticks_) t = WorkerTicks{};
-  runs_ = wall_ = 0;
+  runs_ = wall_ = tail_ = 0;
 }
 
 void WorkerPool::work(uint32_t gen, int worker) {
+  WorkerTicks& tk = ticks_[worker];
+  bool first = true;
   uint64_t cur = next_.load(std::memory_order_acquire);
   for (;;) {
     if (static_cast<uint32_t>(cur >> 32) != gen) return;
@@ -168,11 +178,16 @@ void WorkerPool::work(uint32_t gen, int worker) {
     }
     // The claim succeeded, so job `gen` is still running and its fields are stable.
     PoolJob* job = job_.load(std::memory_order_relaxed);
-    WorkerTicks& tk = ticks_[worker];
     const uint64_t t0 = ticks();
+    if (first) {  // the claim succeeded, so run_start_ is this run's (published with the job)
+      first = false;
+      const uint64_t start = run_start_.load(std::memory_order_relaxed);
+      tk.join += t0 > start ? t0 - start : 0;
+    }
     if (unit < n1) {
       job->run_unit(unit, worker);
-      tk.busy[0] += ticks() - t0;
+      tk.last_end = ticks();
+      tk.busy[0] += tk.last_end - t0;
       ++tk.units[0];
       done1_.fetch_add(1, std::memory_order_acq_rel);
     } else {
@@ -180,7 +195,8 @@ void WorkerPool::work(uint32_t gen, int worker) {
       const uint64_t t1 = ticks();
       tk.barrier += t1 - t0;
       job->run_unit(unit, worker);
-      tk.busy[1] += ticks() - t1;
+      tk.last_end = ticks();
+      tk.busy[1] += tk.last_end - t1;
       ++tk.units[1];
       done2_.fetch_add(1, std::memory_order_acq_rel);
     }

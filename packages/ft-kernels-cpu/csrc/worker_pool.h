@@ -31,12 +31,15 @@ std::vector<int> physical_core_cpus();
 
 // Where the workers' time went, summed over workers and runs since the last reset (ticks: the TSC on
 // x86, nanoseconds elsewhere; `wall` counts each run's duration once per worker, so wall - busy -
-// barrier is time a worker was not inside a unit: before it joined a run or after the last unit).
+// barrier is time a worker was not inside a unit: `join` before its first unit, `tail` after its
+// last, and the rest between units, claiming the next one, or in runs where it took no unit).
 struct PoolProfile {
   uint64_t runs = 0;
   uint64_t wall = 0;              // sum over runs of run() duration x num_threads
   uint64_t busy[2] = {0, 0};      // inside units of pass 1 / pass 2
   uint64_t barrier = 0;           // holding a pass-2 unit, waiting for its inputs (pass2_ready)
+  uint64_t join = 0;              // from the start of a run to a worker's first unit (workers with one)
+  uint64_t tail = 0;              // from a worker's last unit to the end of the run
   uint64_t units[2] = {0, 0};
   double ticks_per_second = 0.0;  // measured once per process
 };
@@ -60,7 +63,9 @@ class WorkerPool {
   struct alignas(64) WorkerTicks {
     uint64_t busy[2] = {0, 0};
     uint64_t barrier = 0;
+    uint64_t join = 0;
     uint64_t units[2] = {0, 0};
+    uint64_t last_end = 0;  // tick at which the worker's last unit of the current run ended (0: none)
   };
 
   void worker_main(int worker, int cpu);
@@ -77,8 +82,9 @@ class WorkerPool {
   alignas(64) std::atomic<uint32_t> gen_{0};
   std::atomic<uint32_t> n1_{0}, n2_{0};
   std::atomic<PoolJob*> job_{nullptr};
+  std::atomic<uint64_t> run_start_{0};  // tick at which the current run began (profile)
   std::vector<WorkerTicks> ticks_;  // one per worker, each written only by its worker
-  uint64_t runs_ = 0, wall_ = 0;
+  uint64_t runs_ = 0, wall_ = 0, tail_ = 0;  // written by the thread that calls run()
 
   std::mutex mutex_;
   std::condition_variable cv_;

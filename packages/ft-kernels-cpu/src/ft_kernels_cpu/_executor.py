@@ -251,8 +251,9 @@ class MoeExecutor:
         """Where the worker pool's time went since the last ``reset_pool_profile()``, summed over workers.
 
         Keys: ``runs``; ``wall_s`` (each run's duration x num_threads); ``pass1_s`` / ``pass2_s`` (inside
-        units of each pass); ``barrier_s`` (holding a pass-2 unit while pass 1 finishes); ``units1`` /
-        ``units2``. ``wall_s`` minus the rest is time outside any unit (joining late, or done early).
+        units of each pass); ``barrier_s`` (holding a pass-2 unit while its expert's pass 1 finishes);
+        ``units1`` / ``units2``. ``wall_s`` minus those is time outside any unit, of which ``join_s`` is
+        from the start of a run to a worker's first unit and ``tail_s`` from its last unit to the end.
         ``read_bandwidth_gbs`` runs on the same pool and counts too.
         """
         return dict(self._native.pool_profile())

@@ -190,19 +190,20 @@ def bench_format(
     read_gbs = statistics.median(r[1] for r in rows)
     us_step = statistics.median(r[3] for r in rows)
 
-    # Per step, in us of one worker: time in pass-1 / pass-2 units, waiting at the pass barrier, and
-    # outside units (joining late, done early), averaged over workers; median over the samples.
+    # Per step, in us of one worker: time in pass-1 / pass-2 units, holding a pass-2 unit whose expert's
+    # pass 1 runs (barrier), and outside units, of which `join` is before a worker's first unit and
+    # `tail` after its last (the rest: claiming units); averaged over workers, median over samples.
     def per_step(key: str) -> float:
         return statistics.median(p[key] / p["runs"] / ex.num_threads * 1e6 for p in profiles)
 
-    profile = {k: round(per_step(k + "_s"), 2) for k in ("wall", "pass1", "pass2", "barrier")}
+    profile = {k: round(per_step(k + "_s"), 2) for k in ("wall", "pass1", "pass2", "barrier", "join", "tail")}
     profile["outside"] = round(profile["wall"] - profile["pass1"] - profile["pass2"] - profile["barrier"], 2)
     profile["units1"] = int(profiles[0]["units1"] // profiles[0]["runs"])
     profile["units2"] = int(profiles[0]["units2"] // profiles[0]["runs"])
     log(
         f"  per step and worker (us): pass 1 {profile['pass1']:.1f} in {profile['units1']} units, pass 2 "
         f"{profile['pass2']:.1f} in {profile['units2']}, barrier {profile['barrier']:.1f}, outside units "
-        f"{profile['outside']:.1f} (of {profile['wall']:.1f})"
+        f"{profile['outside']:.1f} (join {profile['join']:.1f}, tail {profile['tail']:.1f}; of {profile['wall']:.1f})"
     )
     return {
         "bench": "ft_kernels_cpu",
