@@ -203,7 +203,8 @@ def bench_format(
     log(
         f"  per step and worker (us): pass 1 {profile['pass1']:.1f} in {profile['units1']} units, pass 2 "
         f"{profile['pass2']:.1f} in {profile['units2']}, barrier {profile['barrier']:.1f}, outside units "
-        f"{profile['outside']:.1f} (join {profile['join']:.1f}, tail {profile['tail']:.1f}; of {profile['wall']:.1f})"
+        f"{profile['outside']:.1f} (join {profile['join']:.1f}, tail {profile['tail']:.1f}; "
+        f"of {profile['wall']:.1f})"
     )
     return {
         "bench": "ft_kernels_cpu",
