@@ -12,12 +12,6 @@ constexpr int kMaxTopK = 64;
 constexpr int kMaxBlockRows = 256;
 }  // namespace
 
-// A counter on a cache line of its own: the units of a run update these from every core, and
-// neighbours on one line would make each update wait for the others' (false sharing).
-struct alignas(64) PaddedCount {
-  std::atomic<int> v{0};
-};
-
 // One run of one layer, reused across runs (vectors keep their capacity).
 struct MoeJob final : PoolJob {
   const MoeExecutor::Layer* layer = nullptr;
@@ -41,8 +35,8 @@ struct MoeJob final : PoolJob {
   std::vector<int> member_of_route;  // [T * k] -> position in `members`, or -1
   float* vals = nullptr;             // [routed][vals_stride]
   int vals_stride = 0;
-  std::unique_ptr<PaddedCount[]> group_done;  // pass-1 units done per group
-  std::unique_ptr<PaddedCount[]> block_done;  // groups done per pass-2 block
+  std::unique_ptr<std::atomic<int>[]> group_done;  // pass-1 units done per group
+  std::unique_ptr<std::atomic<int>[]> block_done;  // groups done per pass-2 block
   size_t group_done_size = 0, block_done_size = 0;
 
   float* inter = nullptr;
@@ -50,7 +44,7 @@ struct MoeJob final : PoolJob {
   uint8_t* prep = nullptr;
   size_t prep_stride = 0;
   // Pass-1 rows done per (group, prep block); the unit that completes a block prepares it.
-  std::unique_ptr<PaddedCount[]> prep_done;
+  std::unique_ptr<std::atomic<int>[]> prep_done;
   size_t prep_done_size = 0;
   int prep_rows = 16, nprep = 0;
   float* scratch = nullptr;
@@ -62,16 +56,15 @@ struct MoeJob final : PoolJob {
       const int g = static_cast<int>(u) / nblk1;
       pass1(g, static_cast<int>(u) % nblk1, s);
       // release: the pass-2 units of the group see this unit's h rows (and the prep it may have done)
-      group_done[g].v.fetch_add(1, std::memory_order_release);
+      group_done[g].fetch_add(1, std::memory_order_release);
     } else {
       pass2(static_cast<int>(u - n1) / nblk2, static_cast<int>(u - n1) % nblk2, s);
     }
   }
 
   // A group's down rows need only that group's intermediate: no barrier across all of pass 1.
-  bool pass2_waits_for_pass1() const override { return false; }
-  bool pass2_ready(uint32_t u2) const override {
-    return group_done[u2 / static_cast<uint32_t>(nblk2)].v.load(std::memory_order_acquire) == nblk1;
+  bool pass2_ready(uint32_t u2, uint32_t /*pass1_done*/, uint32_t /*n1*/) const override {
+    return group_done[u2 / static_cast<uint32_t>(nblk2)].load(std::memory_order_acquire) == nblk1;
   }
 
   void pass1(int g, int b, float* s) {
@@ -101,7 +94,7 @@ struct MoeJob final : PoolJob {
     // Units never straddle a prep block (prep_rows is a multiple of rows1). acq_rel: the unit that
     // completes the block sees the h rows the other units of the block wrote.
     const int p = i0 / prep_rows, p0 = p * prep_rows, p1 = std::min(I, p0 + prep_rows);
-    if (prep_done[static_cast<size_t>(g) * nprep + p].v.fetch_add(n, std::memory_order_acq_rel) + n != p1 - p0) return;
+    if (prep_done[static_cast<size_t>(g) * nprep + p].fetch_add(n, std::memory_order_acq_rel) + n != p1 - p0) return;
     for (int m = group_begin[g]; m < group_begin[g + 1]; ++m) {
       const int route = members[m];
       fmt.prep_inter(inter + route * inter_stride, p0, p1, prep + route * prep_stride);
@@ -127,7 +120,7 @@ struct MoeJob final : PoolJob {
     }
     // acq_rel: the unit that completes the block sees every group's values of it.
     const int G = static_cast<int>(group_expert.size());
-    if (block_done[b].v.fetch_add(1, std::memory_order_acq_rel) + 1 != G) return;
+    if (block_done[b].fetch_add(1, std::memory_order_acq_rel) + 1 != G) return;
     // Each token's routes summed in route order.
     for (int t = 0; t < T; ++t) {
       bool any = false;
@@ -457,11 +450,11 @@ void MoeExecutor::run_locked(const ft_moe_task& task) {
     job.nprep = (job.I + job.prep_rows - 1) / job.prep_rows;
     const size_t need = static_cast<size_t>(G) * job.nprep;
     if (job.prep_done_size < need) {
-      job.prep_done = std::make_unique<PaddedCount[]>(need);
+      job.prep_done = std::make_unique<std::atomic<int>[]>(need);
       job.prep_done_size = need;
     }
     // Published to the workers by the pool's release of the job.
-    for (size_t i = 0; i < need; ++i) job.prep_done[i].v.store(0, std::memory_order_relaxed);
+    for (size_t i = 0; i < need; ++i) job.prep_done[i].store(0, std::memory_order_relaxed);
   }
   job.n1 = static_cast<uint32_t>(G) * job.nblk1;
   job.rows2 = L.rows2_fixed ? L.rows2 : pass2_rows_for(L.rows2, H, G, pool_.num_threads());
@@ -469,16 +462,16 @@ void MoeExecutor::run_locked(const ft_moe_task& task) {
   job.vals = vals_.data();
   job.vals_stride = H;
   if (job.group_done_size < static_cast<size_t>(G)) {
-    job.group_done = std::make_unique<PaddedCount[]>(G);
+    job.group_done = std::make_unique<std::atomic<int>[]>(G);
     job.group_done_size = G;
   }
   if (job.block_done_size < static_cast<size_t>(job.nblk2)) {
-    job.block_done = std::make_unique<PaddedCount[]>(job.nblk2);
+    job.block_done = std::make_unique<std::atomic<int>[]>(job.nblk2);
     job.block_done_size = job.nblk2;
   }
   // Published to the workers by the pool's release of the job.
-  for (int g = 0; g < G; ++g) job.group_done[g].v.store(0, std::memory_order_relaxed);
-  for (int b = 0; b < job.nblk2; ++b) job.block_done[b].v.store(0, std::memory_order_relaxed);
+  for (int g = 0; g < G; ++g) job.group_done[g].store(0, std::memory_order_relaxed);
+  for (int b = 0; b < job.nblk2; ++b) job.block_done[b].store(0, std::memory_order_relaxed);
   const uint32_t n2 = static_cast<uint32_t>(G) * job.nblk2;
   pool_.run(job.n1, n2, &job);
 }

@@ -94,7 +94,6 @@ std::vector<int> physical_core_cpus() {
 WorkerPool::WorkerPool(int num_threads) : num_threads_(num_threads) {
   if (num_threads < 1) throw Error("num_threads must be >= 1, got " + std::to_string(num_threads));
   ticks_.resize(num_threads);
-  done_ = std::make_unique<WorkerDone[]>(num_threads);
   std::vector<int> cpus = physical_core_cpus();
   threads_.reserve(num_threads - 1);
   for (int w = 1; w < num_threads; ++w) {
@@ -121,10 +120,8 @@ void WorkerPool::run(uint32_t n1, uint32_t n2, PoolJob* job) {
   job_.store(job, std::memory_order_relaxed);
   n1_.store(n1, std::memory_order_relaxed);
   n2_.store(n2, std::memory_order_relaxed);
-  for (int w = 0; w < num_threads_; ++w) {
-    done_[w].pass[0].store(0, std::memory_order_relaxed);
-    done_[w].pass[1].store(0, std::memory_order_relaxed);
-  }
+  done1_.store(0, std::memory_order_relaxed);
+  done2_.store(0, std::memory_order_relaxed);
   next_.store(static_cast<uint64_t>(gen) << 32, std::memory_order_release);
   gen_.store(gen, std::memory_order_seq_cst);
   if (sleepers_.load(std::memory_order_seq_cst) > 0) {
@@ -132,7 +129,9 @@ void WorkerPool::run(uint32_t n1, uint32_t n2, PoolJob* job) {
     cv_.notify_all();
   }
   work(gen, 0);
-  while (done_sum(1) < n2 || done_sum(0) < n1) cpu_relax();
+  while (done2_.load(std::memory_order_acquire) < n2 || done1_.load(std::memory_order_acquire) < n1) {
+    cpu_relax();
+  }
   const uint64_t t_end = ticks();
   // Every unit's end tick was written before its done counter's release; the loads above acquired them.
   for (WorkerTicks& tk : ticks_) {
@@ -140,12 +139,6 @@ void WorkerPool::run(uint32_t n1, uint32_t n2, PoolJob* job) {
   }
   ++runs_;
   wall_ += (t_end - t0) * static_cast<uint64_t>(num_threads_);
-}
-
-uint32_t WorkerPool::done_sum(int pass) const {
-  uint32_t n = 0;
-  for (int w = 0; w < num_threads_; ++w) n += done_[w].pass[pass].load(std::memory_order_acquire);
-  return n;
 }
 
 PoolProfile WorkerPool::profile() const {
@@ -196,21 +189,16 @@ void WorkerPool::work(uint32_t gen, int worker) {
       tk.last_end = ticks();
       tk.busy[0] += tk.last_end - t0;
       ++tk.units[0];
-      std::atomic<uint32_t>& d = done_[worker].pass[0];
-      d.store(d.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+      done1_.fetch_add(1, std::memory_order_acq_rel);
     } else {
-      if (job->pass2_waits_for_pass1()) {
-        while (done_sum(0) < n1) cpu_relax();
-      }
-      while (!job->pass2_ready(unit - n1)) cpu_relax();
+      while (!job->pass2_ready(unit - n1, done1_.load(std::memory_order_acquire), n1)) cpu_relax();
       const uint64_t t1 = ticks();
       tk.barrier += t1 - t0;
       job->run_unit(unit, worker);
       tk.last_end = ticks();
       tk.busy[1] += tk.last_end - t1;
       ++tk.units[1];
-      std::atomic<uint32_t>& d = done_[worker].pass[1];
-      d.store(d.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+      done2_.fetch_add(1, std::memory_order_acq_rel);
     }
     cur = next_.load(std::memory_order_acquire);
   }

@@ -9,7 +9,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -21,13 +20,10 @@ class PoolJob {
   virtual ~PoolJob() = default;
   // Runs one unit; `worker` is in [0, num_threads) and selects per-worker scratch.
   virtual void run_unit(uint32_t unit, int worker) = 0;
-  // When pass-2 unit `u2` (counted from the first pass-2 unit) may start: by default once all of
-  // pass 1 is done (a barrier). A job that knows finer dependencies returns false from
-  // pass2_waits_for_pass1 and says in pass2_ready when u2's inputs are there; it is polled while it
-  // returns false, so it must become true once the pass-1 units u2 depends on are done (units are
-  // claimed in order, so those are already running).
-  virtual bool pass2_waits_for_pass1() const { return true; }
-  virtual bool pass2_ready(uint32_t /*u2*/) const { return true; }
+  // Whether pass-2 unit `u2` (counted from the first pass-2 unit) may start, given how many of the n1
+  // pass-1 units are done. Polled while it returns false, so it must become true once the pass-1
+  // units it depends on are done: units are claimed in order, so those are already running.
+  virtual bool pass2_ready(uint32_t /*u2*/, uint32_t pass1_done, uint32_t n1) const { return pass1_done == n1; }
 };
 
 // Logical CPUs this process may run on, one per physical core, in ascending order.
@@ -81,13 +77,8 @@ class WorkerPool {
   // Claim word: generation in the high 32 bits, next unit in the low 32 bits. A claim is a CAS that
   // only succeeds for the current generation, so a late worker can never take a unit of a newer job.
   alignas(64) std::atomic<uint64_t> next_{0};
-  // Units of the current run done, per worker and pass: each written only by its worker (a release
-  // store, not a read-modify-write on a line every core contends for), summed by whoever waits.
-  struct alignas(64) WorkerDone {
-    std::atomic<uint32_t> pass[2] = {0, 0};
-  };
-  std::unique_ptr<WorkerDone[]> done_;
-  uint32_t done_sum(int pass) const;
+  alignas(64) std::atomic<uint32_t> done1_{0};
+  alignas(64) std::atomic<uint32_t> done2_{0};
   alignas(64) std::atomic<uint32_t> gen_{0};
   std::atomic<uint32_t> n1_{0}, n2_{0};
   std::atomic<PoolJob*> job_{nullptr};
