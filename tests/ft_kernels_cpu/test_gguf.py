@@ -26,13 +26,15 @@ TYPES = [Q.Q8_0, Q.Q4_0, Q.BF16, Q.F16, Q.MXFP4, Q.Q4_K, Q.Q6_K, Q.Q5_K]
 QUANTIZABLE = {Q.Q8_0, Q.Q4_0, Q.BF16, Q.F16, Q.MXFP4}
 # (gate_up_type, down_type) pairings of real GGUF files, cycled through the activation/batch matrix.
 PAIRS = [(Q.Q4_K, Q.Q6_K), (Q.Q8_0, Q.Q8_0), (Q.MXFP4, Q.MXFP4), (Q.Q5_K, Q.Q6_K), (Q.Q4_0, Q.BF16)]
-# Types whose avx512_bf16 kernels take int8 activations (VNNI).
-INT8_TYPES = {Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K}
+# Types whose kernels take int8 activations, per tier: VNNI in avx512_bf16, VPMADDUBSW in avx2.
+INT8_TYPES = {"avx512_bf16": {Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K}, "avx2": {Q.Q4_0}}
 
 
-def int8_group(qtype: Q) -> int:
-    """Elements per x scale of the int8 path: 32 for Q8_0 (ggml's Q8_0 activations), 256 for K-quants
-    (Q8_K) and Q4_0 (the last group of a vector may be shorter)."""
+def int8_group(qtype: Q, isa: str = "avx512_bf16") -> int:
+    """Elements per x scale of the int8 path: in avx512_bf16 32 for Q8_0 (ggml's Q8_0 activations),
+    256 for K-quants (Q8_K) and Q4_0 (the last group of a vector may be shorter); 32 in avx2."""
+    if isa == "avx2":
+        return 32
     return 256 if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q4_0) else 32
 
 
@@ -132,10 +134,11 @@ def run_case(isa, gu, dn, act, T, seed, bias=False, on_input=False, opts=None):
 
 
 def reference_extra(isa, gu, dn, x, ids, w, wref, act, on_input, opts):
-    q8_in, q8_down = isa == "avx512_bf16" and gu in INT8_TYPES, isa == "avx512_bf16" and dn in INT8_TYPES
+    int8 = INT8_TYPES.get(isa, set())
+    q8_in, q8_down = gu in int8, dn in int8
     if not (q8_in or q8_down):
         return 0.0
-    groups = (int8_group(gu), int8_group(dn))
+    groups = (int8_group(gu, isa), int8_group(dn, isa))
     return int8_error_bound(x, ids, w, wref, act, on_input, q8_in, q8_down, groups, **opts)
 
 
@@ -229,12 +232,21 @@ def int8_emulated_reference(x, ids, w, wref, act, gin: int, gdn: int):
     return y, scale, flip
 
 
-@pytest.mark.skipif("avx512_bf16" not in TIERS, reason="no AVX512-VNNI here")
 @pytest.mark.parametrize(
-    ("gu", "dn"), [(Q.Q4_K, Q.Q6_K), (Q.Q8_0, Q.Q4_0), (Q.Q5_K, Q.Q8_0), (Q.Q6_K, Q.Q4_K), (Q.Q4_0, Q.Q5_K)]
+    ("isa", "gu", "dn"),
+    [
+        ("avx512_bf16", Q.Q4_K, Q.Q6_K),
+        ("avx512_bf16", Q.Q8_0, Q.Q4_0),
+        ("avx512_bf16", Q.Q5_K, Q.Q8_0),
+        ("avx512_bf16", Q.Q6_K, Q.Q4_K),
+        ("avx512_bf16", Q.Q4_0, Q.Q5_K),
+        ("avx2", Q.Q4_0, Q.Q4_0),
+    ],
 )
 @pytest.mark.parametrize("T", [1, 8])
-def test_int8_paths_match_an_int8_emulation(gu: Q, dn: Q, T: int) -> None:
+def test_int8_paths_match_an_int8_emulation(isa: str, gu: Q, dn: Q, T: int) -> None:
+    if isa not in TIERS:
+        pytest.skip(f"no {isa} tier on this CPU")
     # int8_error_bound is a worst case (errors of every element aligned): ~100x the errors seen. This
     # test is the sharp one: x and h rounded to int8 in numpy exactly as specified, so only fp32
     # accumulation (2^-11 of scale), bf16 output and h elements at a rounding boundary remain. The
@@ -251,10 +263,11 @@ def test_int8_paths_match_an_int8_emulation(gu: Q, dn: Q, T: int) -> None:
             wref[key] = dequantize(
                 blocks.reshape(banks[name].shape[0] * banks[name].shape[1], -1), qtype
             ).reshape(wref[key].shape)
-    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=8, num_threads=2, isa="avx512_bf16")
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=8, num_threads=2, isa=isa)
     ex.add_layer(0, "gguf", num_experts=E, intermediate=I, banks=banks, options=options)
     x, ids, w = random_inputs(rng, T, H, top_k, E, x_scale=2.0)
-    ref, scale, flip = int8_emulated_reference(x, ids, w, wref, "silu", int8_group(gu), int8_group(dn))
+    groups = int8_group(gu, isa), int8_group(dn, isa)
+    ref, scale, flip = int8_emulated_reference(x, ids, w, wref, "silu", *groups)
     check(ex.run(0, x, ids, w), ref, scale, f"{gu.name}/{dn.name} T={T}", 1.01 * flip)
 
 

@@ -50,7 +50,7 @@ def check(
     # y is rounded to bf16 (relative error <= 2^-9; 2^-8 leaves a factor 2). Every tier dequantizes
     # exactly (fp16 d times an integer in [-8, 7] is exact in fp32), accumulates in fp32
     # (K * 2^-24 << 2^-11) and keeps the intermediate in fp32: 2^-11 of `scale` bounds the rest.
-    # `extra`: in the avx512_bf16 tier x and h are int8 (VNNI): int8_error_bound.
+    # `extra`: in the avx512_bf16 and avx2 tiers x and h are int8 (VNNI, VPMADDUBSW): int8_error_bound.
     assert_close_to_reference(y, ref, scale, what, rel=2.0**-8, mag=2.0**-11, extra=extra)
 
 
@@ -75,11 +75,17 @@ def run_case(isa, act, T, seed, bias=False, on_input=False, opts=None, HI=None):
     check(y, ref, scale, f"{isa} {act} T={T} H={H} I={I}", extra)
 
 
+# Elements per int8 scale of x and h in the tiers that take int8 activations: VNNI groups of 256 in
+# the avx512_bf16 tier, blocks of 32 (as ggml's Q8_0) in the avx2 tier.
+INT8_GROUPS = {"avx512_bf16": 256, "avx2": 32}
+
+
 def reference_extra(isa, x, ids, w, wref, act, on_input, opts):
-    if isa != "avx512_bf16":
+    if isa not in INT8_GROUPS:
         return 0.0
-    # x and h in int8 groups of 256 (one scale per group; the last group of a vector may be shorter)
-    return int8_error_bound(x, ids, w, wref, act, on_input, True, True, (256, 256), **opts)
+    # x and h in int8 groups (one scale per group; the last group of a vector may be shorter)
+    g = INT8_GROUPS[isa]
+    return int8_error_bound(x, ids, w, wref, act, on_input, True, True, (g, g), **opts)
 
 
 @pytest.mark.parametrize(("act", "T"), CASES)

@@ -67,10 +67,14 @@ using MultiFn = void (*)(const uint8_t* W, size_t ld, int nrows, const float* co
 //   bytes 256 + 64c .. +63 int32 lanes l = 0..15: -8 * (sum of the codes at bytes 128c + 4l .. +3 and
 //                          128c + 64 + 4l .. +3): the start of the VPDPBUSD lanes (Q4_0's offset 8)
 //   bytes 384 .. 387       dx of the group (fp32)
+//
+// kQ8Blocks32 (the avx2 tier's int8 kernels; G = 32): q[K] int8 codes in element order, then fp32 dx
+// per 32-block (dx of element k at byte K + 4 (k / 32)); K + K/8 bytes.
 inline size_t q8_bytes(int K) { return 2 * static_cast<size_t>(K) + static_cast<size_t>(K) / 8; }
+inline size_t q8_blocks32_bytes(int K) { return static_cast<size_t>(K) + static_cast<size_t>(K) / 8; }
 constexpr size_t kQ4_0XGroupBytes = 448;
 inline size_t q4_0_xq_bytes(int K) { return static_cast<size_t>((K + 255) / 256) * kQ4_0XGroupBytes; }
-enum Q8Layout : int { kQ8Plain = 0, kQ8Q4_0 = 1, kQ8KQuant = 2, kQ8Q6K = 3 };
+enum Q8Layout : int { kQ8Plain = 0, kQ8Q4_0 = 1, kQ8KQuant = 2, kQ8Q6K = 3, kQ8Blocks32 = 4 };
 struct Q8Ref {
   const uint8_t* q;  // the vector's base
 };
@@ -80,6 +84,9 @@ struct Q8Ref {
 void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int layout, void* base);
 // The same into the kQ8Q4_0 layout (k0 a multiple of 256; the group of k1 is zero-padded).
 void q4_0_xq_quantize(const float* x, int k0, int k1, void* base);
+// The same into the kQ8Blocks32 layout, in AVX2 code (x indexed from element 0 as above; k0, k1
+// multiples of 32; the avx2 tier).
+void q8_blocks32_quantize(const float* x, int k0, int k1, int K, void* base);
 // Int8 kernels: out[j * os + r] = row r . dequant(xs[j]) for n <= 8 vectors.
 using Q8Fn = void (*)(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os,
                       int prefetch);
@@ -95,6 +102,7 @@ struct TypeInfo {
   bool q8_xu;              // q8 takes x as unsigned (code + 128)
   int q8_group;            // elements per x scale that q8 expects (32 or 256)
   int q8_layout;           // Q8Layout of the x that q8 takes
+  Q8Fn q8_avx2;            // int8-activation kernels of the avx2 tier (VPMADDUBSW; x in kQ8Blocks32), or nullptr
 };
 
 // The supported type of ggml id `id`, or nullptr.
@@ -131,7 +139,8 @@ class GgmlMoeFormat final : public MoeFormat {
   void down_rows(int e, int h0, int h1, const RouteRef* routes, int n, float* out, int stride) const override;
   // prep_inter quantizes whole Q8 groups of h; pass-1 units of (at most) 64 rows, as nvfp4's.
   int pass1_rows() const override { return down_q8_ ? std::min(64, prep_rows()) : 16; }
-  int prep_rows() const override { return down_q8_ ? std::max(32, down_.type->q8_group) : 16; }
+  // (the avx2 tier's int8 x is per 32-block; it prepares 64 rows at a time, for units of 64.)
+  int prep_rows() const override { return down_q8_ ? (avx2_q8_ ? 64 : std::max(32, down_.type->q8_group)) : 16; }
   int pass2_rows() const override { return kPass2Rows; }
   void prep_input(const TaskInput& in) override;
   size_t inter_prep_bytes() const override { return down_q8_ ? xq_bytes(*down_.type, p_.intermediate) : 0; }
@@ -140,14 +149,16 @@ class GgmlMoeFormat final : public MoeFormat {
  private:
   static constexpr int kPass2Rows = 16;
   // Bytes of a Q8 vector of K elements for type t's q8 kernel, and its quantization (elements [k0, k1)).
-  static size_t xq_bytes(const TypeInfo& t, int K);
-  static void xq_quantize(const TypeInfo& t, const float* x, int k0, int k1, int K, void* base);
+  size_t xq_bytes(const TypeInfo& t, int K) const;
+  void xq_quantize(const TypeInfo& t, const float* x, int k0, int k1, int K, void* base) const;
+  Q8Fn q8_fn(const TypeInfo& t) const;  // the tier's int8 kernels of type t
   // Rows [i0, i1) of one matrix of expert e times n vectors (float or Q8), into out[j * os + r].
   void mat_rows(const Matrix& m, bool q8, int e, int r0, int r1, const float* const* xs, const Q8Ref* qs, int n,
                 int K, float* out, int os) const;
   MoeParams p_;
   Matrix gate_, up_, down_;
-  bool gu_q8_ = false, down_q8_ = false;  // the int8 paths (avx512_bf16 tier, types with a q8 kernel)
+  bool gu_q8_ = false, down_q8_ = false;  // the int8 paths (types with a q8 kernel in this tier)
+  bool avx2_q8_ = false;                  // the avx2 tier (q8_avx2 kernels, kQ8Blocks32 x)
   std::vector<uint8_t> xq_;               // prep_input: the tokens' Q8 vectors of x
 };
 
