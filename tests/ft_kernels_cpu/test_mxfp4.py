@@ -13,7 +13,7 @@ from helpers.checks import (
     run_many_tokens_on_few_experts,
 )
 from helpers.fp4_reference import dequant_fp4, random_fp4, random_scales
-from helpers.int8_bounds import int8_error_bound
+from helpers.int8_bounds import int8_emulated_reference, int8_error_bound
 from helpers.moe_reference import ACTIVATIONS, BF16, bias_terms, moe_reference, random_inputs
 
 TIERS = fk.isa_tiers()
@@ -49,10 +49,15 @@ def reference(banks, x, ids, w, act, **opts):
     )
 
 
+# Elements per int8 scale of x and h in the tiers that take int8 activations: steps of 128 in the
+# avx512_bf16 tier (VNNI), blocks of 32 in the avx2 tier (VPMADDUBSW).
+INT8_GROUPS = {"avx512_bf16": 128, "avx2": 32}
+
+
 def int8_extra(isa, banks, x, ids, w, act, **opts):
-    """The avx512_bf16 tier's int8 activations (x and h in steps of 128 elements, one scale each):
-    int8_error_bound; 0 for the other tiers."""
-    if isa != "avx512_bf16":
+    """The int8 activations of the avx512_bf16 and avx2 tiers (x and h in groups of INT8_GROUPS[isa]
+    elements, one scale each): int8_error_bound; 0 for the other tiers."""
+    if isa not in INT8_GROUPS:
         return 0.0
     w13 = dequant_fp4(banks["w13"], banks["w13_scale"])
     wref = {
@@ -63,7 +68,8 @@ def int8_extra(isa, banks, x, ids, w, act, **opts):
     wref.update(
         {k: v for k, v in bias_terms(banks, slice(0, None, 2), slice(1, None, 2)).items() if v is not None}
     )
-    return int8_error_bound(x, ids, w, wref, act, False, True, True, (128, 128), **opts)
+    g = INT8_GROUPS[isa]
+    return int8_error_bound(x, ids, w, wref, act, False, True, True, (g, g), **opts)
 
 
 def check(
@@ -71,8 +77,8 @@ def check(
 ) -> None:
     # The dequantized weights are exact in fp32, so every product of the fp32 tiers is exact; what is
     # left: y rounded to bf16 (<= 2^-9 relative; 2^-8 leaves a factor 2) and fp32 accumulation
-    # (K * 2^-24 * scale << 2^-11 * scale for K <= 300). The avx512_bf16 tier's int8 x and h add
-    # `extra` (int8_extra); its integer sums are exact and their fp32 scaling adds << 2^-11 * scale.
+    # (K * 2^-24 * scale << 2^-11 * scale for K <= 300). The int8 x and h of the avx512_bf16 and avx2
+    # tiers add `extra` (int8_extra); their integer sums are exact, their fp32 scaling adds << 2^-11.
     assert_close_to_reference(y, ref, scale, f"mxfp4 {isa}", rel=2.0**-8, mag=2.0**-11, extra=extra)
 
 
@@ -106,6 +112,24 @@ def test_matches_float64_reference(isa: str, act: str, T: int) -> None:
     assert y.dtype == BF16 and y.shape == (T, H)
     ref, scale = reference(banks, x, ids, w, act, **opts)
     check(y, ref, scale, isa, int8_extra(isa, banks, x, ids, w, act, **opts))
+
+
+@pytest.mark.skipif("avx2" not in TIERS, reason="no AVX2 here")
+@pytest.mark.parametrize(("T", "H", "I"), [(1, 160, 96), (3, 96, 160), (8, 288, 64)])
+def test_avx2_int8_path_matches_an_int8_emulation(T: int, H: int, I: int) -> None:
+    # int8_extra's bound is a worst case; this is the sharp check of the avx2 tier's int8 path: x and
+    # h rounded per block of 32 in numpy exactly as specified (helpers.int8_bounds.q8_emulate), so
+    # only fp32 accumulation, the bf16 output and h elements at a rounding boundary remain. A wrong
+    # code order within a block (even / odd elements) or a wrong block scale fails it.
+    rng = np.random.default_rng([T, H, I])
+    E, top_k = 4, 4
+    banks = make_layer(rng, E, H, I, bias=False)
+    w13 = dequant_fp4(banks["w13"], banks["w13_scale"])
+    wref = {"w_gate": w13[:, 0::2], "w_up": w13[:, 1::2], "w_down": dequant_fp4(banks["w2"], banks["w2_scale"])}
+    x, ids, w = random_inputs(rng, T, H, top_k, E, x_scale=2.0)
+    y = run_layer("avx2", banks, x, ids, w, E, I, "silu")
+    ref, scale, flip = int8_emulated_reference(x, ids, w, wref, "silu", 32, 32)
+    check(y, ref, scale, "avx2 int8 emulation", 1.01 * flip)
 
 
 @pytest.mark.parametrize("isa", TIERS)

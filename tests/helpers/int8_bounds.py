@@ -1,6 +1,8 @@
 """Error bounds of the int8-activation (VNNI) paths of the avx512_bf16 tier, from the float64 reference.
 
-Shared by the q4_0 and gguf tests (block_amax also by nvfp4's); nothing here reads the executor's results.
+Shared by the q4_0, gguf and mxfp4 tests (block_amax also by nvfp4's); nothing here reads the executor's
+results. int8_emulated_reference is the sharp check: the float64 reference with x and h rounded to int8
+exactly as specified.
 """
 
 from __future__ import annotations
@@ -53,3 +55,41 @@ def int8_error_bound(x, ids, w, wref, act, on_input, q8_in, q8_down, groups=(32,
             bound[t] += (1.0 if on_input else abs(wt)) * (np.abs(wref["w_down"][e]) @ (dh + eh))
     # fp32 evaluation of the bound's own terms and the bf16 rounding of the extra: a 2% margin.
     return 1.02 * bound
+
+
+def q8_emulate(v: np.ndarray, group: int, flips: bool = False):
+    """v rounded as the int8 paths do, in numpy: per `group` elements, fp32 amax, inv = 127/amax, codes
+    round-half-even(v * inv) in fp32, values code * amax/127. With `flips`, also the step of every
+    element whose v * inv lies within 2e-3 of a rounding boundary (where an fp32 v computed in another
+    order could round the other way), else 0."""
+    n = v.size
+    b = np.concatenate([v.astype(np.float32), np.zeros(-n % group, np.float32)]).reshape(-1, group)
+    amax = np.abs(b).max(axis=1, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    t = (b * inv).astype(np.float32)
+    dx = (amax / np.float32(127)).astype(np.float64)
+    out = (np.clip(np.round(t), -127, 127) * dx).reshape(-1)[:n].reshape(v.shape)
+    if not flips:
+        return out
+    near = np.abs(np.abs(t - np.floor(t)) - 0.5) < 2e-3
+    return out, (near * dx).reshape(-1)[:n].reshape(v.shape)
+
+
+def int8_emulated_reference(x, ids, w, wref, act, gin: int, gdn: int):
+    """The float64 reference with x and h rounded by q8_emulate; (y, scale, flip bound)."""
+    T, k = ids.shape
+    y, scale, flip = (np.zeros((T, wref["w_down"].shape[1])) for _ in range(3))
+    xf = x.astype(np.float32)
+    for t in range(T):
+        xin = q8_emulate(xf[t], gin)
+        for r in range(k):
+            e = int(ids[t, r])
+            if e < 0:
+                continue
+            h = activation(act, wref["w_gate"][e] @ xin, wref["w_up"][e] @ xin)
+            hq, fl = q8_emulate(h, gdn, flips=True)
+            wd = np.abs(wref["w_down"][e])
+            y[t] += w[t, r] * (wref["w_down"][e] @ hq)
+            scale[t] += abs(w[t, r]) * (wd @ np.abs(h))
+            flip[t] += abs(w[t, r]) * (wd @ fl)
+    return y, scale, flip

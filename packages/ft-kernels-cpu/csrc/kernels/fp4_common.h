@@ -12,7 +12,8 @@
 //   avx512_bf16  bf16, steps of 128 elements as 4 vectors of 32: x[32j + k] = element 4k + j
 // (the avx512 layouts are zero-padded to a multiple of 128; see fp4_kernels.cpp for why). On Intel
 // CPUs the avx512_bf16 tier uses the avx512 kernels and layout (kernel_isa in fp4_kernels.cpp).
-// mxfp4 runs int8 activations (q8_*, below) in the avx512_bf16 tier instead, on every vendor.
+// mxfp4 runs int8 activations (q8_*, below) in the avx512_bf16 tier instead, on every vendor, and in
+// the avx2 tier (q8a_*, per block of 32).
 #pragma once
 
 #include <cstddef>
@@ -70,6 +71,17 @@ float q8_codes(const float* v, int n, int8_t* c, bool simd);
 // out[j * os + r] = W[r] . dequant(xs[j]) for n <= kMaxVectors int8 vectors (each block decoded once).
 void q8_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
                        float* out, int os, int prefetch);
+
+// Int8 activations of the avx2 tier (mxfp4; VPMADDUBSW): a record of kQ8aBlockBytes per block of 32
+// elements: bytes 0..15 the int8 codes of its even elements 0, 2, .., 30 (the low nibbles'), 16..31
+// those of its odd elements, 32..35 fp32 dx; codes as q8_codes (round-half-even(v * 127 / amax),
+// amax over the block), the value code * dx, dx = amax / 127. q8a_prep_vec takes elements [i0, i1)
+// as v[i - i0], whole blocks.
+constexpr size_t kQ8aBlockBytes = 36;
+size_t q8a_vec_bytes(int K);
+void q8a_prep_vec(const float* v, int i0, int i1, void* out);
+void q8a_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
+                        float* out, int os, int prefetch);
 
 // Software prefetch distance of the FP4 weight streams: the caller's when given (0 disables), else 8 KiB.
 // The executor's default is 0 on AMD, measured for bf16 rows; these rows do several times more work

@@ -422,6 +422,49 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8(const uint8_t* W, const uint8_t* S, int n
 
 #endif  // FT_X86
 
+#if FT_X86
+// ---- avx2 tier: int8 activations (VPMADDUBSW) ----
+//
+// Per block of 32: the 16 bytes' low and high nibbles side by side (even elements, then odd: x's
+// record holds its codes in that order), looked up by VPSHUFB in the table 2 * e2m1 (int8, +-12);
+// VPMADDUBSW multiplies |w| (<= 12) by sign(w) * x (|x| <= 127) into int16 pairs (|sum| <= 3048: no
+// saturation), VPMADDWD by ones into 8 int32 lanes, exactly; the lanes are converted and multiplied
+// into fp32 accumulators by e8m0 / 2 * dx of the block.
+
+template <int NV>
+FT_TARGET_AVX2 void dot_rows_q8a(const uint8_t* W, const uint8_t* S, int nrows, const uint8_t* const* xs, int K,
+                                 float* out, int os, const Streams& pf) {
+  const __m256i lut = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
+  const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  const int nb = K / 32;
+  for (int r = 0; r < nrows; ++r) {
+    const uint8_t* w = W + static_cast<size_t>(r) * (K / 2);
+    const uint8_t* s = S + static_cast<size_t>(r) * nb;
+    if (pf.s.dist) pf.s.ahead(s);
+    __m256 acc[NV][2];
+    for (int j = 0; j < NV; ++j) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; ++b) {
+      if (pf.w.dist && (b & 3) == 0) pf.w.ahead(w + 16 * b);
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16 * b));
+      const __m256i wv =
+          _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), m4));
+      const __m256i aw = _mm256_sign_epi8(wv, wv);
+      const float ws = 0.5f * kE8m0.v[s[b]];
+      for (int j = 0; j < NV; ++j) {
+        const uint8_t* rec = xs[j] + static_cast<size_t>(b) * kQ8aBlockBytes;
+        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec));
+        const __m256i i = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xq, wv)), ones);
+        float dx;
+        std::memcpy(&dx, rec + 32, sizeof dx);
+        acc[j][b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(ws * dx), acc[j][b & 1]);
+      }
+    }
+    for (int j = 0; j < NV; ++j) out[j * os + r] = hsum8(_mm256_add_ps(acc[j][0], acc[j][1]));
+  }
+}
+
+#endif  // FT_X86
+
 // e4m3fn value nearest to y (ties to even), saturated to +-448; y finite.
 float e4m3_rne_sat(float y) {
   const float a = std::fabs(y);
@@ -648,6 +691,38 @@ void q8_prep_vec(const float* v, int i0, int i1, void* out) {
     const float dx = 0.5f * (amax / 127.f);  // the table holds 2 * e2m1
     std::memcpy(rec + 192, &dx, sizeof dx);
   }
+}
+
+size_t q8a_vec_bytes(int K) { return static_cast<size_t>(K / 32) * kQ8aBlockBytes; }
+
+void q8a_prep_vec(const float* v, int i0, int i1, void* out) {
+  for (int b = i0; b < i1; b += 32) {
+    uint8_t* rec = static_cast<uint8_t*>(out) + static_cast<size_t>(b / 32) * kQ8aBlockBytes;
+    int8_t c[32];
+    const float amax = q8_codes(v + (b - i0), 32, c, FT_X86 != 0);
+    for (int j = 0; j < 16; ++j) {
+      rec[j] = static_cast<uint8_t>(c[2 * j]);
+      rec[16 + j] = static_cast<uint8_t>(c[2 * j + 1]);
+    }
+    const float dx = amax / 127.f;
+    std::memcpy(rec + 32, &dx, sizeof dx);
+  }
+}
+
+void q8a_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
+                        float* out, int os, int prefetch) {
+  if (nrows <= 0 || n <= 0) return;
+  n = std::min(n, kMaxVectors);
+#if FT_X86
+  const uint8_t* xq[kMaxVectors];
+  for (int j = 0; j < n; ++j) xq[j] = static_cast<const uint8_t*>(xs[j]);
+  const size_t wbytes = static_cast<size_t>(nrows) * (K / 2), sbytes = static_cast<size_t>(nrows) * (K / 32);
+  const Streams pf{Prefetch(W, wbytes, prefetch), Prefetch(S, sbytes, prefetch / 16)};
+  dispatch_n(n, [&](auto nv) { dot_rows_q8a<decltype(nv)::value>(W, S, nrows, xq, K, out, os, pf); });
+#else
+  (void)W, (void)S, (void)xs, (void)K, (void)out, (void)os, (void)prefetch;
+  throw Error("fp4 int8 kernels need x86 (AVX2)");
+#endif
 }
 
 void q8_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,

@@ -116,11 +116,15 @@ class Mxfp4Format final : public MoeFormat {
 
  private:
   // The tier's prepared vectors and row kernels: int8 activations in the avx512_bf16 tier
-  // (fp4_common.h, q8_*), the tier's own layout otherwise.
-  size_t vec_bytes(int K) const { return q8_ ? fp4::q8_vec_bytes(K) : fp4::vec_bytes(p_.isa, K); }
+  // (fp4_common.h, q8_*) and the avx2 tier (q8a_*), the tier's own layout otherwise.
+  size_t vec_bytes(int K) const {
+    return q8_ ? fp4::q8_vec_bytes(K) : q8a_ ? fp4::q8a_vec_bytes(K) : fp4::vec_bytes(p_.isa, K);
+  }
   void prep(const float* v, int i0, int i1, void* out) const {
     if (q8_) {
       fp4::q8_prep_vec(v, i0, i1, out);
+    } else if (q8a_) {
+      fp4::q8a_prep_vec(v, i0, i1, out);
     } else {
       fp4::prep_vec(p_.isa, v, i0, i1, out);
     }
@@ -129,6 +133,8 @@ class Mxfp4Format final : public MoeFormat {
            int os) const {
     if (q8_) {
       fp4::q8_dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_);
+    } else if (q8a_) {
+      fp4::q8a_dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_);
     } else {
       fp4::dot_rows_multi(p_.isa, W, S, nrows, xs, n, K, out, os, pf_);
     }
@@ -140,6 +146,7 @@ class Mxfp4Format final : public MoeFormat {
   MoeParams p_;
   int pf_ = fp4::prefetch_distance(p_.prefetch, p_.prefetch_explicit);  // after p_ (declaration order)
   bool q8_ = FT_X86 && p_.isa == Isa::avx512_bf16;
+  bool q8a_ = FT_X86 && p_.isa == Isa::avx2;  // int8 activations per block of 32 (VPMADDUBSW)
   const uint8_t* w13_;
   const uint8_t* s13_;
   const uint16_t* b13_;
