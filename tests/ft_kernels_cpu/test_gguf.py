@@ -18,7 +18,7 @@ from helpers.checks import (
     run_many_tokens_on_few_experts,
 )
 from helpers.int8_bounds import int8_emulated_reference, int8_error_bound
-from helpers.moe_reference import ACTIVATIONS, BF16, activation, moe_reference, random_inputs
+from helpers.moe_reference import ACTIVATIONS, BF16, moe_reference, random_inputs
 
 TIERS = fk.isa_tiers()
 TYPES = [Q.Q8_0, Q.Q4_0, Q.BF16, Q.F16, Q.MXFP4, Q.Q4_K, Q.Q6_K, Q.Q5_K]

@@ -125,7 +125,8 @@ def test_avx2_int8_path_matches_an_int8_emulation(T: int, H: int, I: int) -> Non
     E, top_k = 4, 4
     banks = make_layer(rng, E, H, I, bias=False)
     w13 = dequant_fp4(banks["w13"], banks["w13_scale"])
-    wref = {"w_gate": w13[:, 0::2], "w_up": w13[:, 1::2], "w_down": dequant_fp4(banks["w2"], banks["w2_scale"])}
+    w2 = dequant_fp4(banks["w2"], banks["w2_scale"])
+    wref = {"w_gate": w13[:, 0::2], "w_up": w13[:, 1::2], "w_down": w2}
     x, ids, w = random_inputs(rng, T, H, top_k, E, x_scale=2.0)
     y = run_layer("avx2", banks, x, ids, w, E, I, "silu")
     ref, scale, flip = int8_emulated_reference(x, ids, w, wref, "silu", 32, 32)
