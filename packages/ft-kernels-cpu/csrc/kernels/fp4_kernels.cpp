@@ -434,7 +434,8 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8(const uint8_t* W, const uint8_t* S, int n
 template <int NV>
 FT_TARGET_AVX2 void dot_rows_q8a(const uint8_t* W, const uint8_t* S, int nrows, const uint8_t* const* xs, int K,
                                  float* out, int os, const Streams& pf) {
-  const __m256i lut = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
+  const __m256i lut =
+      _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
   const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
   const int nb = K / 32;
   for (int r = 0; r < nrows; ++r) {
@@ -709,16 +710,30 @@ void q8a_prep_vec(const float* v, int i0, int i1, void* out) {
   }
 }
 
-void q8a_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
-                        float* out, int os, int prefetch) {
-  if (nrows <= 0 || n <= 0) return;
-  n = std::min(n, kMaxVectors);
 #if FT_X86
+namespace {
+// One call of an int8 row kernel: the vectors as bytes, the weight and scale streams, and
+// `kernel(nv, xq, pf)` with the call's number of vectors as a compile-time constant nv.
+template <class Kernel>
+void q8_call(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K, int prefetch,
+             Kernel kernel) {
   const uint8_t* xq[kMaxVectors];
   for (int j = 0; j < n; ++j) xq[j] = static_cast<const uint8_t*>(xs[j]);
   const size_t wbytes = static_cast<size_t>(nrows) * (K / 2), sbytes = static_cast<size_t>(nrows) * (K / 32);
   const Streams pf{Prefetch(W, wbytes, prefetch), Prefetch(S, sbytes, prefetch / 16)};
-  dispatch_n(n, [&](auto nv) { dot_rows_q8a<decltype(nv)::value>(W, S, nrows, xq, K, out, os, pf); });
+  dispatch_n(n, [&](auto nv) { kernel(nv, xq, pf); });
+}
+}  // namespace
+#endif
+
+void q8a_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
+                        float* out, int os, int prefetch) {
+  if (nrows <= 0 || n <= 0) return;
+#if FT_X86
+  auto kernel = [&](auto nv, const uint8_t* const* xq, const Streams& pf) {
+    dot_rows_q8a<decltype(nv)::value>(W, S, nrows, xq, K, out, os, pf);
+  };
+  q8_call(W, S, nrows, xs, std::min(n, kMaxVectors), K, prefetch, kernel);
 #else
   (void)W, (void)S, (void)xs, (void)K, (void)out, (void)os, (void)prefetch;
   throw Error("fp4 int8 kernels need x86 (AVX2)");
@@ -728,13 +743,11 @@ void q8a_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const voi
 void q8_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
                        float* out, int os, int prefetch) {
   if (nrows <= 0 || n <= 0) return;
-  n = std::min(n, kMaxVectors);
 #if FT_X86
-  const uint8_t* xq[kMaxVectors];
-  for (int j = 0; j < n; ++j) xq[j] = static_cast<const uint8_t*>(xs[j]);
-  const size_t wbytes = static_cast<size_t>(nrows) * (K / 2), sbytes = static_cast<size_t>(nrows) * (K / 32);
-  const Streams pf{Prefetch(W, wbytes, prefetch), Prefetch(S, sbytes, prefetch / 16)};
-  dispatch_n(n, [&](auto nv) { dot_rows_q8<decltype(nv)::value>(W, S, nrows, xq, K, out, os, pf); });
+  auto kernel = [&](auto nv, const uint8_t* const* xq, const Streams& pf) {
+    dot_rows_q8<decltype(nv)::value>(W, S, nrows, xq, K, out, os, pf);
+  };
+  q8_call(W, S, nrows, xs, std::min(n, kMaxVectors), K, prefetch, kernel);
 #else
   (void)W, (void)S, (void)xs, (void)K, (void)out, (void)os, (void)prefetch;
   throw Error("fp4 int8 kernels need x86 (AVX512-VNNI)");
