@@ -27,7 +27,7 @@ QUANTIZABLE = {Q.Q8_0, Q.Q4_0, Q.BF16, Q.F16, Q.MXFP4}
 # (gate_up_type, down_type) pairings of real GGUF files, cycled through the activation/batch matrix.
 PAIRS = [(Q.Q4_K, Q.Q6_K), (Q.Q8_0, Q.Q8_0), (Q.MXFP4, Q.MXFP4), (Q.Q5_K, Q.Q6_K), (Q.Q4_0, Q.BF16)]
 # Types whose kernels take int8 activations, per tier: VNNI in avx512_bf16, VPMADDUBSW in avx2.
-INT8_TYPES = {"avx512_bf16": {Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K}, "avx2": {Q.Q4_0}}
+INT8_TYPES = {"avx512_bf16": {Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K}, "avx2": {Q.Q4_0, Q.Q4_K, Q.Q6_K}}
 
 
 def int8_group(qtype: Q, isa: str = "avx512_bf16") -> int:
@@ -203,6 +203,8 @@ def test_many_tokens_on_few_experts(isa: str, gu: Q, dn: Q) -> None:
         ("avx512_bf16", Q.Q6_K, Q.Q4_K),
         ("avx512_bf16", Q.Q4_0, Q.Q5_K),
         ("avx2", Q.Q4_0, Q.Q4_0),
+        ("avx2", Q.Q4_K, Q.Q6_K),
+        ("avx2", Q.Q6_K, Q.Q4_K),
     ],
 )
 @pytest.mark.parametrize("T", [1, 8])

@@ -300,8 +300,128 @@ void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, f
   }
 }
 
+// 8 int32 lanes of sum |w| * sign(w) * x over 32 byte pairs (w given with |w| as aw), exactly.
+inline __m256i dot_i8(__m256i aw, __m256i w, __m256i x) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
+}
+
+// Q4_K: per super-block of 256, sub-block s (32 elements) = d sc[s] q - dmin m[s], q = the low (s
+// even) or high (s odd) nibbles of qs[32 (s / 2) .. +32]. Per sub-block: q (unsigned, <= 15) times x
+// (signed) by VPMADDUBSW directly, scaled by d sc[s] dx[s]; the min terms dmin m[s] times x's fp32
+// sums per sub-block, 8 at a time (one FMA per super-block and vector).
+template <int NV>
+void rows_q4_k(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
+  const int nb = K / 256;
+  const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  const float* dx[NV];
+  const float* xsum[NV];
+  for (int j = 0; j < NV; ++j) {
+    dx[j] = reinterpret_cast<const float*>(xs[j].q + K);
+    xsum[j] = dx[j] + K / 32;
+  }
+  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * 144, prefetch);
+  for (int r = 0; r < nrows; ++r) {
+    const uint8_t* w = W + r * ld;
+    __m256 acc[NV], mins[NV];
+    for (int j = 0; j < NV; ++j) acc[j] = mins[j] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; ++b) {
+      const uint8_t* p = w + 144 * b;
+      if (prefetch) pf.advance(p);
+      uint8_t sc[8], mn[8];
+      kquant_scale_min(p + 4, sc, mn);
+      const float d = _cvtsh_ss(load_u16(p)), dmin = _cvtsh_ss(load_u16(p + 2));
+      alignas(32) float ds[8];
+      _mm256_store_ps(ds, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                                                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc))))));
+      const __m256 dm = _mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+                                                                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn)))));
+      for (int j = 0; j < NV; ++j) mins[j] = _mm256_fmadd_ps(dm, _mm256_loadu_ps(xsum[j] + 8 * b), mins[j]);
+      for (int h = 0; h < 4; ++h) {
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 + 32 * h));
+        const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        const int s0 = 8 * b + 2 * h;  // x's 32-block of the low nibbles; the high ones are the next
+        for (int j = 0; j < NV; ++j) {
+          const uint8_t* xq = xs[j].q + 32 * s0;
+          const __m256i i0 = _mm256_madd_epi16(
+              _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq))), ones);
+          const __m256i i1 = _mm256_madd_epi16(
+              _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32))), ones);
+          acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_set1_ps(ds[2 * h] * dx[j][s0]), acc[j]);
+          acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_set1_ps(ds[2 * h + 1] * dx[j][s0 + 1]), acc[j]);
+        }
+      }
+    }
+    for (int j = 0; j < NV; ++j) out[j * os + r] = hsum8(acc[j]) - hsum8(mins[j]);
+  }
+}
+
+// Q6_K: per 128-element half h and l < 32, q[l] = ql[l] & 15 | (qh[l] & 3) << 4, q[l + 32] = ql[l +
+// 32] & 15 | (qh[l] >> 2 & 3) << 4, q[l + 64] = ql[l] >> 4 | (qh[l] >> 4 & 3) << 4, q[l + 96] =
+// ql[l + 32] >> 4 | (qh[l] >> 6) << 4, each run of 32 one of x's blocks; w = q - 32 (int8), and
+// one int8 scale per 16: lanes 0-3 of a run's 8 take the scale of its first 16 elements, 4-7 the
+// next one.
+template <int NV>
+void rows_q6_k(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
+  const int nb = K / 256;
+  const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+  const __m256i pair_idx = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  const float* dx[NV];
+  for (int j = 0; j < NV; ++j) dx[j] = reinterpret_cast<const float*>(xs[j].q + K);
+  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * 210, prefetch);
+  for (int r = 0; r < nrows; ++r) {
+    const uint8_t* w = W + r * ld;
+    __m256 acc[NV][2];
+    for (int j = 0; j < NV; ++j) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; ++b) {
+      const uint8_t* p = w + 210 * b;
+      if (prefetch) pf.advance(p);
+      const float d = _cvtsh_ss(load_u16(p + 208));
+      alignas(32) float sc[16];
+      const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192));
+      _mm256_store_ps(sc, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8))));
+      _mm256_store_ps(sc + 8,
+                      _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8)))));
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* ql = p + 64 * h;
+        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+        const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * h));
+        __m256i q[4];
+        q[0] = _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+        q[1] = _mm256_or_si256(_mm256_and_si256(c, m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+        for (int i = 0; i < 4; ++i) {
+          const __m256i wv = _mm256_sub_epi8(q[i], off);
+          const __m256i aw = _mm256_sign_epi8(wv, wv);
+          const int blk = 8 * b + 4 * h + i;  // x's 32-block
+          const int g = 8 * h + 2 * i;        // the scale of its first 16 elements
+          const __m256 sv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_castsi128_ps(
+                                                         _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + g)))),
+                                                     pair_idx);
+          for (int j = 0; j < NV; ++j) {
+            const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[j].q + 32 * blk));
+            acc[j][i & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_i8(aw, wv, xq)),
+                                            _mm256_mul_ps(sv, _mm256_set1_ps(dx[j][blk])), acc[j][i & 1]);
+          }
+        }
+      }
+    }
+    for (int j = 0; j < NV; ++j) out[j * os + r] = hsum8(_mm256_add_ps(acc[j][0], acc[j][1]));
+  }
+}
+
 void q8_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) {
   dispatch_n(n, [&](auto nv) { rows_q4_0<decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
+}
+void q8_q4_k(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) {
+  dispatch_n(n, [&](auto nv) { rows_q4_k<decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
+}
+void q8_q6_k(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) {
+  dispatch_n(n, [&](auto nv) { rows_q6_k<decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
 }
 
 }  // namespace
@@ -309,7 +429,13 @@ void q8_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int
 void quantize_blocks32(const float* x, int k0, int k1, int K, void* base) {
   auto* q = static_cast<uint8_t*>(base);
   auto* dx = reinterpret_cast<float*>(q + K);
-  for (int k = k0; k < k1; k += 32) dx[k / 32] = quantize_block32(x + k, q + k);
+  float* xsum = dx + K / 32;
+  for (int k = k0; k < k1; k += 32) {
+    dx[k / 32] = quantize_block32(x + k, q + k);
+    const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(x + k), _mm256_loadu_ps(x + k + 8)),
+                                   _mm256_add_ps(_mm256_loadu_ps(x + k + 16), _mm256_loadu_ps(x + k + 24)));
+    xsum[k / 32] = hsum8(s);
+  }
 }
 
 }  // namespace avx2q8
@@ -887,7 +1013,7 @@ void q8_256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int 
       {multi_scalar<rows_f16_scalar>, avx2::multi_f16, avx512::multi_f16, avx512::multi_f16}
 #define FT_GGML_Q8(R, T) vnni::R<vnni::T>
 #define FT_GGML_Q8_Q4_0 vnni::q8_q4_0
-#define FT_GGML_Q8_AVX2_Q4_0 avx2q8::q8_q4_0
+#define FT_GGML_Q8_AVX2(T) avx2q8::q8_##T
 #else
 #define FT_GGML_TIERS(scalar_fn, T) \
   {scalar_fn, scalar_fn, scalar_fn, scalar_fn}, \
@@ -898,7 +1024,7 @@ void q8_256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int 
        multi_scalar<rows_f16_scalar>}
 #define FT_GGML_Q8(R, T) nullptr
 #define FT_GGML_Q8_Q4_0 nullptr
-#define FT_GGML_Q8_AVX2_Q4_0 nullptr
+#define FT_GGML_Q8_AVX2(T) nullptr
 #endif  // FT_X86
 
 namespace {
@@ -909,20 +1035,21 @@ constexpr int kQ8RowsPrefetch = 2048;
 // The supported types, in the order they are listed in errors. In the avx512_bf16 tier the types
 // with a q8 kernel take int8 activations (VNNI); the others run the AVX-512 fp32 kernels there (the
 // weights are dequantized to fp32 in registers either way, and a bf16 dot product would only add a
-// conversion). In the avx2 tier the types with a q8_avx2 kernel (Q4_0) take int8 activations too.
+// conversion). In the avx2 tier the types with a q8_avx2 kernel (Q4_0, Q4_K, Q6_K) take int8
+// activations too.
 const TypeInfo kTypes[] = {
     {8, "Q8_0", 32, 34, FT_GGML_TIERS((rows_scalar<32, 34, deq_q8_0>), Q8_0), FT_GGML_Q8(q8_32, Q8_0), true, 32, 0, nullptr},
     {2, "Q4_0", 32, 18, FT_GGML_TIERS((rows_scalar<32, 18, deq_q4_0>), Q4_0), FT_GGML_Q8_Q4_0, false, 256, kQ8Q4_0,
-     FT_GGML_Q8_AVX2_Q4_0},
+     FT_GGML_Q8_AVX2(q4_0)},
     {30, "BF16", 1, 2, {rows_bf16<Isa::scalar>, rows_bf16<Isa::avx2>, rows_bf16<Isa::avx512>, rows_bf16<Isa::avx512>},
      {multi_bf16<Isa::scalar>, multi_bf16<Isa::avx2>, multi_bf16<Isa::avx512>, multi_bf16<Isa::avx512>}, nullptr, false,
      32, 0, nullptr},
     {1, "F16", 1, 2, FT_GGML_F16_TIERS, nullptr, false, 32, 0, nullptr},
     {39, "MXFP4", 32, 17, FT_GGML_TIERS((rows_scalar<32, 17, deq_mxfp4>), MXFP4), nullptr, false, 32, 0, nullptr},
     {12, "Q4_K", 256, 144, FT_GGML_TIERS((rows_scalar<256, 144, deq_q4_k>), Q4_K), FT_GGML_Q8(q8_256, QK45<false>),
-     false, 256, kQ8KQuant, nullptr},
+     false, 256, kQ8KQuant, FT_GGML_Q8_AVX2(q4_k)},
     {14, "Q6_K", 256, 210, FT_GGML_TIERS((rows_scalar<256, 210, deq_q6_k>), Q6_K), FT_GGML_Q8(q8_256, Q6K), false,
-     256, kQ8Q6K, nullptr},
+     256, kQ8Q6K, FT_GGML_Q8_AVX2(q6_k)},
     {13, "Q5_K", 256, 176, FT_GGML_TIERS((rows_scalar<256, 176, deq_q5_k>), Q5_K), FT_GGML_Q8(q8_256, QK45<true>),
      false, 256, kQ8KQuant, nullptr},
 };
