@@ -1,6 +1,7 @@
 // The ggml block types of ggml_blocks.h: scalar kernels, the fp32 SIMD tiers (ggml_tier_kernels.h
-// compiled for AVX2 and AVX-512), the int8-activation (VNNI) kernels of the avx512_bf16 tier, the type
-// table and the format class shared by `q4_0` and `gguf`.
+// compiled for AVX2 and AVX-512), the int8-activation kernels of the avx2 tier (VPMADDUBSW: Q4_0,
+// Q4_K, Q6_K) and of the avx512_bf16 tier (VNNI), the type table and the format class shared by
+// `q4_0` and `gguf`.
 #include "ggml_blocks.h"
 
 #include <algorithm>

@@ -80,8 +80,8 @@ struct Q8Ref {
   const uint8_t* q;  // the vector's base
 };
 // Quantizes elements [k0, k1) (k0 a multiple of G) of x into the Q8 vector of K elements at `base`
-// (AVX-512; only the avx512_bf16 tier has q8 kernels).
-// layout: a Q8Layout other than kQ8Q4_0.
+// (AVX-512: the avx512_bf16 tier's q8 kernels; the avx2 tier's take kQ8Blocks32, below).
+// layout: a Q8Layout other than kQ8Q4_0 and kQ8Blocks32.
 void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int layout, void* base);
 // The same into the kQ8Q4_0 layout (k0 a multiple of 256; the group of k1 is zero-padded).
 void q4_0_xq_quantize(const float* x, int k0, int k1, void* base);
