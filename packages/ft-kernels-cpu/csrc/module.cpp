@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "executor.h"
-#include "kernels/fp4_common.h"
+#include "kernels/int8_codes.h"
 #include "worker_pool.h"
 
 namespace py = pybind11;
@@ -62,10 +62,11 @@ PYBIND11_MODULE(_ft_kernels_cpu, m) {
         const std::string v = values;
         const int n = static_cast<int>(v.size() / sizeof(float));
         if (n < 0 || n > 128 || v.size() % sizeof(float) != 0) throw ft::Error("_q8_codes takes 0..128 float32 values");
+        if (simd && ft::cpu_best_isa() < ft::Isa::avx2) throw ft::Error("_q8_codes(simd=True) needs AVX2");
         float f[128];
         int8_t c[128] = {};
         std::memcpy(f, v.data(), v.size());
-        const float amax = ft::fp4::q8_codes(f, n, c, simd);
+        const float amax = ft::int8_codes(f, n, c, simd);
         return py::make_tuple(amax, py::bytes(reinterpret_cast<const char*>(c), n));
       },
       py::arg("values"), py::arg("simd"));

@@ -59,23 +59,20 @@ void dot_rows_multi(Isa isa, const uint8_t* W, const uint8_t* S, int nrows, cons
 //   bytes 64..127   int8 codes of its odd elements 1, 3, .., 127
 //   bytes 128..191  int32 lanes m = 0..15: -12 * (sum of the codes at bytes 4m..4m+3 and 64+4m..+3)
 //   bytes 192..195  fp32 dx / 2
-// code = round-half-even(v * 127 / amax) clamped to +-127, amax = max |v| over the step (0: codes 0),
+// codes as int8_codes (int8_codes.h): round-half-even(v * 127 / amax), clamped, amax over the step,
 // the value code * dx, dx = amax / 127. q8_prep_vec takes elements [i0, i1) as v[i - i0], i0 a
 // multiple of 128 and i1 a multiple of 128 or the end of the vector.
 constexpr size_t kQ8StepBytes = 256;
 size_t q8_vec_bytes(int K);
 void q8_prep_vec(const float* v, int i0, int i1, void* out);
-// The codes of one step of n <= 128 elements into c[0, n), returning amax (simd: the AVX2 code, the
-// same bits as the scalar code; both are exposed to the tests as _ft_kernels_cpu._q8_codes).
-float q8_codes(const float* v, int n, int8_t* c, bool simd);
 // out[j * os + r] = W[r] . dequant(xs[j]) for n <= kMaxVectors int8 vectors (each block decoded once).
 void q8_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
                        float* out, int os, int prefetch);
 
 // Int8 activations of the avx2 tier (mxfp4; VPMADDUBSW): a record of kQ8aBlockBytes per block of 32
 // elements: bytes 0..15 the int8 codes of its even elements 0, 2, .., 30 (the low nibbles'), 16..31
-// those of its odd elements, 32..35 fp32 dx; codes as q8_codes (round-half-even(v * 127 / amax),
-// amax over the block), the value code * dx, dx = amax / 127. q8a_prep_vec takes elements [i0, i1)
+// those of its odd elements, 32..35 fp32 dx; codes as int8_codes (int8_codes.h; amax over the
+// block), the value code * dx, dx = amax / 127. q8a_prep_vec takes elements [i0, i1)
 // as v[i - i0], whole blocks.
 constexpr size_t kQ8aBlockBytes = 36;
 size_t q8a_vec_bytes(int K);

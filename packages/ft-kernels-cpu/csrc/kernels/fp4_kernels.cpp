@@ -7,6 +7,7 @@
 #include "dispatch_n.h"
 #include "fp4_avx512.h"
 #include "fp4_common.h"
+#include "int8_codes.h"
 #include "reduce_n.h"
 #include "stream_prefetch.h"
 
@@ -436,7 +437,7 @@ FT_TARGET_AVX2 void dot_rows_q8a(const uint8_t* W, const uint8_t* S, int nrows, 
                                  float* out, int os, const Streams& pf) {
   const __m256i lut =
       _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
-  const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  const __m256i m4 = _mm256_set1_epi8(15);
   const int nb = K / 32;
   for (int r = 0; r < nrows; ++r) {
     const uint8_t* w = W + static_cast<size_t>(r) * (K / 2);
@@ -454,7 +455,7 @@ FT_TARGET_AVX2 void dot_rows_q8a(const uint8_t* W, const uint8_t* S, int nrows, 
       for (int j = 0; j < NV; ++j) {
         const uint8_t* rec = xs[j] + static_cast<size_t>(b) * kQ8aBlockBytes;
         const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec));
-        const __m256i i = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xq, wv)), ones);
+        const __m256i i = dot_i8x32(aw, wv, xq);
         float dx;
         std::memcpy(&dx, rec + 32, sizeof dx);
         acc[j][b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(ws * dx), acc[j][b & 1]);
@@ -618,67 +619,12 @@ void dot_rows_multi(Isa isa, const uint8_t* W, const uint8_t* S, int nrows, cons
 
 size_t q8_vec_bytes(int K) { return static_cast<size_t>((K + 127) / 128) * kQ8StepBytes; }
 
-namespace {
-
-// The int8 code of one element: v * inv rounded half to even, clamped to +-127 (|v * inv| <= 127 up
-// to rounding; a NaN becomes 127).
-inline int8_t q8_code(float v, float inv) {
-  return static_cast<int8_t>(std::max(-127.f, std::min(127.f, round_even_small(v * inv))));
-}
-
-// amax = max |v| over v[0, n) (NaNs skipped) and the codes c[0, n) of one step.
-float q8_codes_scalar(const float* v, int n, int8_t* c) {
-  float amax = 0.f;
-  for (int e = 0; e < n; ++e) amax = std::max(amax, std::fabs(v[e]));
-  const float inv = amax > 0.f ? 127.f / amax : 0.f;
-  for (int e = 0; e < n; ++e) c[e] = q8_code(v[e], inv);
-  return amax;
-}
-
-#if FT_X86
-// The same, 8 lanes at a time, bit for bit: VMAXPS returns its second operand when the first is NaN
-// (std::max(amax, NaN) keeps amax), VROUNDPS rounds the product half to even as round_even_small
-// does, and VMINPS(r, 127) makes a NaN 127 as std::min(127, r) does. The prep of x was ~6 us of a
-// decode step on the GPU machine's Xeon in scalar code.
-FT_TARGET_AVX2 float q8_codes_avx2(const float* v, int n, int8_t* c) {
-  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  __m256 mx = _mm256_setzero_ps();
-  int e = 0;
-  for (; e + 8 <= n; e += 8) mx = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(v + e), absmask), mx);
-  float amax = hmax8(mx);
-  for (; e < n; ++e) amax = std::max(amax, std::fabs(v[e]));
-  const float inv = amax > 0.f ? 127.f / amax : 0.f;
-  const __m256 iv = _mm256_set1_ps(inv), hi = _mm256_set1_ps(127.f), lo = _mm256_set1_ps(-127.f);
-  alignas(32) int32_t ci[8];
-  for (e = 0; e + 8 <= n; e += 8) {
-    const __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + e), iv),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(ci),
-                       _mm256_cvttps_epi32(_mm256_max_ps(_mm256_min_ps(r, hi), lo)));
-    for (int j = 0; j < 8; ++j) c[e + j] = static_cast<int8_t>(ci[j]);
-  }
-  for (; e < n; ++e) c[e] = q8_code(v[e], inv);
-  return amax;
-}
-#endif
-
-}  // namespace
-
-float q8_codes(const float* v, int n, int8_t* c, bool simd) {
-#if FT_X86
-  if (simd) return q8_codes_avx2(v, n, c);
-#else
-  (void)simd;
-#endif
-  return q8_codes_scalar(v, n, c);
-}
-
 void q8_prep_vec(const float* v, int i0, int i1, void* out) {
   for (int g = i0; g < i1; g += 128) {
     const int n = std::min(128, i1 - g);
     int8_t c[128] = {};
     // The int8 tier runs on AVX512-VNNI CPUs only, so AVX2 is there.
-    const float amax = q8_codes(v + (g - i0), n, c, FT_X86 != 0);
+    const float amax = int8_codes(v + (g - i0), n, c, FT_X86 != 0);
     uint8_t* rec = static_cast<uint8_t*>(out) + static_cast<size_t>(g / 128) * kQ8StepBytes;
     std::memset(rec, 0, kQ8StepBytes);
     int32_t off[16] = {};
@@ -700,7 +646,7 @@ void q8a_prep_vec(const float* v, int i0, int i1, void* out) {
   for (int b = i0; b < i1; b += 32) {
     uint8_t* rec = static_cast<uint8_t*>(out) + static_cast<size_t>(b / 32) * kQ8aBlockBytes;
     int8_t c[32];
-    const float amax = q8_codes(v + (b - i0), 32, c, FT_X86 != 0);
+    const float amax = int8_codes(v + (b - i0), 32, c, FT_X86 != 0);
     for (int j = 0; j < 16; ++j) {
       rec[j] = static_cast<uint8_t>(c[2 * j]);
       rec[16 + j] = static_cast<uint8_t>(c[2 * j + 1]);

@@ -10,6 +10,7 @@
 
 #include "bf16_dot.h"
 #include "dispatch_n.h"
+#include "int8_codes.h"
 #include "row_reduce.h"
 #include "stream_prefetch.h"
 
@@ -249,34 +250,10 @@ struct V {
 namespace avx2q8 {
 namespace {
 
-// The codes of x[0, 32) into q (element order) as the AVX-512 quantizer makes them (round half to
-// even by VCVTPS2DQ, then clamped to +-127); returns dx = amax / 127.
-inline float quantize_block32(const float* x, uint8_t* q) {
-  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  __m256 v[4];
-  __m256 mx = _mm256_setzero_ps();
-  for (int i = 0; i < 4; ++i) {
-    v[i] = _mm256_loadu_ps(x + 8 * i);
-    mx = _mm256_max_ps(mx, _mm256_and_ps(v[i], absmask));
-  }
-  const float amax = hmax8(mx);
-  const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
-  const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
-  __m256i c[4];
-  for (int i = 0; i < 4; ++i) {
-    c[i] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv)), lim), nlim);
-  }
-  // packs work within 128-bit lanes: dwords come out as c0 lo, c1 lo, c2 lo, c3 lo | c0 hi, ..
-  const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
-                      _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-  return amax / 127.f;
-}
-
 template <int NV>
 void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
   const int nb = K / 32;
-  const __m256i m4 = _mm256_set1_epi8(15), eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
+  const __m256i m4 = _mm256_set1_epi8(15), eight = _mm256_set1_epi8(8);
   const float* dx[NV];
   for (int j = 0; j < NV; ++j) dx[j] = reinterpret_cast<const float*>(xs[j].q + K);
   StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * 18, prefetch);
@@ -293,17 +270,12 @@ void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, f
       const float dw = _cvtsh_ss(load_u16(p));
       for (int j = 0; j < NV; ++j) {
         const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[j].q + 32 * b));
-        const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xq, wv)), ones);
-        acc[j][b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * dx[j][b]), acc[j][b & 1]);
+        acc[j][b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_i8x32(aw, wv, xq)), _mm256_set1_ps(dw * dx[j][b]),
+                                        acc[j][b & 1]);
       }
     }
     for (int j = 0; j < NV; ++j) out[j * os + r] = hsum8(_mm256_add_ps(acc[j][0], acc[j][1]));
   }
-}
-
-// 8 int32 lanes of sum |w| * sign(w) * x over 32 byte pairs (w given with |w| as aw), exactly.
-inline __m256i dot_i8(__m256i aw, __m256i w, __m256i x) {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
 }
 
 // Q4_K: per super-block of 256, sub-block s (32 elements) = d sc[s] q - dmin m[s], q = the low (s
@@ -405,7 +377,7 @@ void rows_q6_k(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, f
                                                      pair_idx);
           for (int j = 0; j < NV; ++j) {
             const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[j].q + 32 * blk));
-            acc[j][i & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_i8(aw, wv, xq)),
+            acc[j][i & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_i8x32(aw, wv, xq)),
                                             _mm256_mul_ps(sv, _mm256_set1_ps(dx[j][blk])), acc[j][i & 1]);
           }
         }
@@ -432,7 +404,7 @@ void quantize_blocks32(const float* x, int k0, int k1, int K, void* base) {
   auto* dx = reinterpret_cast<float*>(q + K);
   float* xsum = dx + K / 32;
   for (int k = k0; k < k1; k += 32) {
-    dx[k / 32] = quantize_block32(x + k, q + k);
+    dx[k / 32] = int8_codes(x + k, 32, reinterpret_cast<int8_t*>(q + k), true) / 127.f;
     const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(x + k), _mm256_loadu_ps(x + k + 8)),
                                    _mm256_add_ps(_mm256_loadu_ps(x + k + 16), _mm256_loadu_ps(x + k + 24)));
     xsum[k / 32] = hsum8(s);

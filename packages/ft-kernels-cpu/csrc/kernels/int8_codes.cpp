@@ -1,0 +1,64 @@
+// int8_codes (int8_codes.h): scalar and AVX2.
+#include "int8_codes.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace ft {
+
+namespace {
+
+// The int8 code of one element: v * inv rounded half to even, clamped to +-127 (|v * inv| <= 127 up
+// to rounding; a NaN becomes 127).
+inline int8_t q8_code(float v, float inv) {
+  return static_cast<int8_t>(std::max(-127.f, std::min(127.f, round_even_small(v * inv))));
+}
+
+// int8_codes in scalar code.
+float q8_codes_scalar(const float* v, int n, int8_t* c) {
+  float amax = 0.f;
+  for (int e = 0; e < n; ++e) amax = std::max(amax, std::fabs(v[e]));
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  for (int e = 0; e < n; ++e) c[e] = q8_code(v[e], inv);
+  return amax;
+}
+
+#if FT_X86
+// The same, 8 lanes at a time, bit for bit: VMAXPS returns its second operand when the first is NaN
+// (std::max(amax, NaN) keeps amax), VROUNDPS rounds the product half to even as round_even_small
+// does, and VMINPS(r, 127) makes a NaN 127 as std::min(127, r) does. (mxfp4's prep of x was ~6 us
+// of a decode step on the GPU machine's Xeon in scalar code.)
+FT_TARGET_AVX2 float q8_codes_avx2(const float* v, int n, int8_t* c) {
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 mx = _mm256_setzero_ps();
+  int e = 0;
+  for (; e + 8 <= n; e += 8) mx = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(v + e), absmask), mx);
+  float amax = hmax8(mx);
+  for (; e < n; ++e) amax = std::max(amax, std::fabs(v[e]));
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  const __m256 iv = _mm256_set1_ps(inv), hi = _mm256_set1_ps(127.f), lo = _mm256_set1_ps(-127.f);
+  alignas(32) int32_t ci[8];
+  for (e = 0; e + 8 <= n; e += 8) {
+    const __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + e), iv),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(ci),
+                       _mm256_cvttps_epi32(_mm256_max_ps(_mm256_min_ps(r, hi), lo)));
+    for (int j = 0; j < 8; ++j) c[e + j] = static_cast<int8_t>(ci[j]);
+  }
+  for (; e < n; ++e) c[e] = q8_code(v[e], inv);
+  return amax;
+}
+#endif
+
+}  // namespace
+
+float int8_codes(const float* v, int n, int8_t* c, bool simd) {
+#if FT_X86
+  if (simd) return q8_codes_avx2(v, n, c);
+#else
+  (void)simd;
+#endif
+  return q8_codes_scalar(v, n, c);
+}
+
+}  // namespace ft
