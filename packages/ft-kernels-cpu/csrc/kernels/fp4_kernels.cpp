@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "avx2_u8rows.h"
 #include "dispatch_n.h"
 #include "fp4_avx512.h"
 #include "fp4_common.h"
@@ -427,42 +428,44 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8(const uint8_t* W, const uint8_t* S, int n
 // ---- avx2 tier: int8 activations (VPMADDUBSW) ----
 //
 // Per block of 32: the 16 bytes' low and high nibbles side by side (even elements, then odd: x's
-// record holds its codes in that order), looked up by VPSHUFB in the table 2 * e2m1 (int8, +-12);
-// VPMADDUBSW multiplies |w| (<= 12) by sign(w) * x (|x| <= 127) into int16 pairs (|sum| <= 3048: no
-// saturation), VPMADDWD by ones into 8 int32 lanes, exactly; the lanes are converted and multiplied
-// into fp32 accumulators by e8m0 / 2 * dx of the block.
+// record holds its codes in that order), looked up by VPSHUFB in the table 2 * e2m1 + 12 (unsigned,
+// 0..24): codes with offset 12 for the shared int8 row kernels (avx2_u8rows.h), scaled by e8m0 / 2.
+
+// The rows of one call (W, S) as avx2_u8rows.h's block policy.
+struct Fp4U8Rows {
+  static constexpr int kOffset = 12, kRows = 1;
+  const uint8_t* W;
+  const uint8_t* S;
+  int K;
+  const Streams* pf;
+  FT_TARGET_AVX2 __m256i codes(int row, int b) const {
+    const __m256i lut =
+        _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(W + static_cast<size_t>(row) * (K / 2) + 16 * b));
+    return _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15)));
+  }
+  float scale(int row, int b) const { return 0.5f * kE8m0.v[S[static_cast<size_t>(row) * (K / 32) + b]]; }
+  void ahead(int row, int b) const {
+    if (pf->w.dist) pf->w.ahead(W + static_cast<size_t>(row) * (K / 2) + 16 * b);
+    if (pf->s.dist && b == 0) pf->s.ahead(S + static_cast<size_t>(row) * (K / 32));
+  }
+};
+
+// x's records (kQ8aBlockBytes per block: 32 codes, fp32 dx).
+struct Q8aX {
+  const uint8_t* const* xs;
+  const uint8_t* codes(int j, int b) const { return xs[j] + static_cast<size_t>(b) * kQ8aBlockBytes; }
+  float dx(int j, int b) const {
+    float d;
+    std::memcpy(&d, codes(j, b) + 32, sizeof d);
+    return d;
+  }
+};
 
 template <int NV>
 FT_TARGET_AVX2 void dot_rows_q8a(const uint8_t* W, const uint8_t* S, int nrows, const uint8_t* const* xs, int K,
                                  float* out, int os, const Streams& pf) {
-  const __m256i lut =
-      _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
-  const __m256i m4 = _mm256_set1_epi8(15);
-  const int nb = K / 32;
-  for (int r = 0; r < nrows; ++r) {
-    const uint8_t* w = W + static_cast<size_t>(r) * (K / 2);
-    const uint8_t* s = S + static_cast<size_t>(r) * nb;
-    if (pf.s.dist) pf.s.ahead(s);
-    __m256 acc[NV][2];
-    for (int j = 0; j < NV; ++j) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; ++b) {
-      if (pf.w.dist && (b & 3) == 0) pf.w.ahead(w + 16 * b);
-      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16 * b));
-      const __m256i wv =
-          _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), m4));
-      const __m256i aw = _mm256_sign_epi8(wv, wv);
-      const float ws = 0.5f * kE8m0.v[s[b]];
-      for (int j = 0; j < NV; ++j) {
-        const uint8_t* rec = xs[j] + static_cast<size_t>(b) * kQ8aBlockBytes;
-        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec));
-        const __m256i i = dot_i8x32(aw, wv, xq);
-        float dx;
-        std::memcpy(&dx, rec + 32, sizeof dx);
-        acc[j][b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(ws * dx), acc[j][b & 1]);
-      }
-    }
-    for (int j = 0; j < NV; ++j) out[j * os + r] = hsum8(_mm256_add_ps(acc[j][0], acc[j][1]));
-  }
+  u8rows::rows<NV>(Fp4U8Rows{W, S, K, &pf}, Q8aX{xs}, nrows, K / 32, out, os);
 }
 
 #endif  // FT_X86

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "avx2_u8rows.h"
 #include "bf16_dot.h"
 #include "dispatch_n.h"
 #include "int8_codes.h"
@@ -237,54 +238,76 @@ struct V {
 }  // namespace
 }  // namespace avx2
 
-// ---- avx2 tier: int8 activations for Q4_0 (VPMADDUBSW) ----
+// ---- avx2 tier: int8 activations for Q4_0, Q4_K, Q6_K (VPMADDUBSW) ----
 //
-// x and the intermediate quantized per 32-block (kQ8Blocks32, ggml_blocks.h). Per weight block: its
-// 32 nibbles minus 8 as int8 w (elements 0..15 from the low nibbles, 16..31 from the high ones,
-// which is x's element order); VPMADDUBSW multiplies |w| (unsigned, <= 8) by sign(w) * x (signed,
-// |x| <= 127) and adds pairs into int16 (|sum| <= 2032: no saturation), VPMADDWD by ones adds pairs
-// into 8 int32 lanes, exactly; the lanes are converted and multiplied into fp32 accumulators by
-// d_w * dx of the block. On CPUs without AVX-512 (most desktop parts) this replaces the fp32 kernels
-// (ggml_tier_kernels.h), which widen every code to a float: q4_0 on a 2-core AVX2-only Zen 3 went
-// from 0.39 to 0.59 of the read bandwidth (docs/benchmarks.md).
+// x and the intermediate quantized per 32-block (kQ8Blocks32, ggml_blocks.h). Q4_0's nibbles are
+// its unsigned codes with offset 8 (avx2_u8rows.h): elements 0..15 from the low nibbles, 16..31 from
+// the high ones, which is x's element order; the lanes are multiplied into fp32 accumulators by d_w *
+// dx of the block. On CPUs without AVX-512 (most desktop parts) this replaces the fp32 kernels
+// (ggml_tier_kernels.h), which widen every code to a float (docs/benchmarks.md).
 namespace avx2q8 {
 namespace {
+
+// Activations in kQ8Blocks32: codes of block b at q + 32 b, dx at byte K + 4 b.
+struct Blocks32X {
+  const Q8Ref* xs;
+  int K;
+  const uint8_t* codes(int j, int b) const { return xs[j].q + 32 * b; }
+  float dx(int j, int b) const {
+    float d;
+    std::memcpy(&d, xs[j].q + K + 4 * b, sizeof d);
+    return d;
+  }
+};
+
+struct Q4_0Rows {
+  static constexpr int kOffset = 8, kRows = 4;
+  const uint8_t* W;
+  size_t ld;
+  StreamPrefetch<> pf;
+  const uint8_t* at(int row, int b) const { return W + row * ld + 18 * b; }
+  __m256i codes(int row, int b) const {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at(row, b) + 2));
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15));
+  }
+  float scale(int row, int b) const { return _cvtsh_ss(load_u16(at(row, b))); }
+  void ahead(int row, int b) const {
+    if (!pf.dist) return;
+    pf.ahead(at(row, b));
+    pf.ahead(at(row, b) + 64);
+  }
+};
 
 template <int NV>
 void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
   const int nb = K / 32;
-  const __m256i m4 = _mm256_set1_epi8(15), eight = _mm256_set1_epi8(8);
-  const float* dx[NV];
-  for (int j = 0; j < NV; ++j) dx[j] = reinterpret_cast<const float*>(xs[j].q + K);
-  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * 18, prefetch);
-  for (int r = 0; r < nrows; ++r) {
-    const uint8_t* w = W + r * ld;
-    __m256 acc[NV][2];
-    for (int j = 0; j < NV; ++j) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; ++b) {
-      const uint8_t* p = w + 18 * b;
-      if (prefetch) pf.advance(p);
-      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2));
-      const __m256i wv = _mm256_sub_epi8(_mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), m4), eight);
-      const __m256i aw = _mm256_sign_epi8(wv, wv);
-      const float dw = _cvtsh_ss(load_u16(p));
-      for (int j = 0; j < NV; ++j) {
-        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[j].q + 32 * b));
-        acc[j][b & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_i8x32(aw, wv, xq)), _mm256_set1_ps(dw * dx[j][b]),
-                                        acc[j][b & 1]);
-      }
-    }
-    for (int j = 0; j < NV; ++j) out[j * os + r] = hsum8(_mm256_add_ps(acc[j][0], acc[j][1]));
-  }
+  const Q4_0Rows blk{W, ld, StreamPrefetch<>(W, rows_stream_bytes(ld, nrows, static_cast<size_t>(nb) * 18), prefetch)};
+  u8rows::rows<NV>(blk, Blocks32X{xs, K}, nrows, nb, out, os);
 }
+
+// The 8 6-bit scales (bytes 0..7) and mins (bytes 8..15) of a Q4_K/Q5_K super-block's 12 scale
+// bytes, as kquant_scale_min, a 32-bit word (4 of them) at a time.
+inline __m128i kquant_scale_min_x(const uint8_t* s) {
+  uint32_t a, b, c;
+  std::memcpy(&a, s, 4);
+  std::memcpy(&b, s + 4, 4);
+  std::memcpy(&c, s + 8, 4);
+  const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+  return _mm_setr_epi32(static_cast<int>(a & m6), static_cast<int>((c & m4) | (((a >> 6) & m2) << 4)),
+                        static_cast<int>(b & m6), static_cast<int>(((c >> 4) & m4) | (((b >> 6) & m2) << 4)));
+}
+
+// Rows [r, r + R) of a K-quant call against NV vectors: R * NV accumulators, each one FMA chain (as
+// avx2_u8rows.h; rows computed alone or in a group take the same operations).
+constexpr int rows_per_step(int nv) { return nv == 1 ? 4 : nv == 2 ? 2 : 1; }
 
 // Q4_K: per super-block of 256, sub-block s (32 elements) = d sc[s] q - dmin m[s], q = the low (s
 // even) or high (s odd) nibbles of qs[32 (s / 2) .. +32]. Per sub-block: q (unsigned, <= 15) times x
-// (signed) by VPMADDUBSW directly, scaled by d sc[s] dx[s]; the min terms dmin m[s] times x's fp32
-// sums per sub-block, 8 at a time (one FMA per super-block and vector).
-template <int NV>
-void rows_q4_k(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
-  const int nb = K / 256;
+// (signed) by VPMADDUBSW directly, scaled by d sc[s] dx[s] (8 at a time per super-block); the min
+// terms dmin m[s] times x's fp32 sums per sub-block, 8 at a time (one FMA per super-block).
+template <int R, int NV>
+void q4_k_step(const uint8_t* W, size_t ld, int r, int nb, const Q8Ref* xs, int K, float* out, int os,
+               const StreamPrefetch<>& pf) {
   const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
   const float* dx[NV];
   const float* xsum[NV];
@@ -292,23 +315,34 @@ void rows_q4_k(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, f
     dx[j] = reinterpret_cast<const float*>(xs[j].q + K);
     xsum[j] = dx[j] + K / 32;
   }
-  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * 144, prefetch);
-  for (int r = 0; r < nrows; ++r) {
-    const uint8_t* w = W + r * ld;
-    __m256 acc[NV], mins[NV];
-    for (int j = 0; j < NV; ++j) acc[j] = mins[j] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; ++b) {
-      const uint8_t* p = w + 144 * b;
-      if (prefetch) pf.advance(p);
-      uint8_t sc[8], mn[8];
-      kquant_scale_min(p + 4, sc, mn);
-      const float d = _cvtsh_ss(load_u16(p)), dmin = _cvtsh_ss(load_u16(p + 2));
-      alignas(32) float ds[8];
-      _mm256_store_ps(ds, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                                                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc))))));
-      const __m256 dm = _mm256_mul_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
-                                                                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn)))));
-      for (int j = 0; j < NV; ++j) mins[j] = _mm256_fmadd_ps(dm, _mm256_loadu_ps(xsum[j] + 8 * b), mins[j]);
+  __m256 acc[R][NV], mins[R][NV];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NV; ++j) acc[i][j] = mins[i][j] = _mm256_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    for (int i = 0; i < R; ++i) {
+      const uint8_t* p = W + (r + i) * ld + 144 * b;
+      if (pf.dist) {
+        pf.ahead(p);
+        pf.ahead(p + 64);
+        pf.ahead(p + 128);
+      }
+      const __m128i sm = kquant_scale_min_x(p + 4);
+      const __m256 ds = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(load_u16(p))), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
+      const __m256 dm = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(load_u16(p + 2))),
+                                      _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
+      // d sc[s] dx[s] of the 8 sub-blocks, lane s broadcast: by VPERMPS from registers for one or two
+      // vectors, through memory for more (fewer registers; measured both ways).
+      __m256 sx[NV];
+      alignas(32) float sxm[NV > 2 ? NV : 1][8];
+      for (int j = 0; j < NV; ++j) {
+        mins[i][j] = _mm256_fmadd_ps(dm, _mm256_loadu_ps(xsum[j] + 8 * b), mins[i][j]);
+        sx[j] = _mm256_mul_ps(ds, _mm256_loadu_ps(dx[j] + 8 * b));
+        if constexpr (NV > 2) _mm256_store_ps(sxm[j], sx[j]);
+      }
+      auto lane = [&](int j, int k) FT_TARGET_AVX2 {
+        if constexpr (NV > 2) return _mm256_broadcast_ss(&sxm[j][k]);
+        return _mm256_permutevar8x32_ps(sx[j], _mm256_set1_epi32(k));
+      };
       for (int h = 0; h < 4; ++h) {
         const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 + 32 * h));
         const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
@@ -319,13 +353,24 @@ void rows_q4_k(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, f
               _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq))), ones);
           const __m256i i1 = _mm256_madd_epi16(
               _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32))), ones);
-          acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_set1_ps(ds[2 * h] * dx[j][s0]), acc[j]);
-          acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_set1_ps(ds[2 * h + 1] * dx[j][s0 + 1]), acc[j]);
+          acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), lane(j, 2 * h), acc[i][j]);
+          acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), lane(j, 2 * h + 1), acc[i][j]);
         }
       }
     }
-    for (int j = 0; j < NV; ++j) out[j * os + r] = hsum8(acc[j]) - hsum8(mins[j]);
   }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NV; ++j) out[j * os + r + i] = hsum8(acc[i][j]) - hsum8(mins[i][j]);
+}
+
+template <int NV>
+void rows_q4_k(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
+  constexpr int R = rows_per_step(NV);
+  const int nb = K / 256;
+  const StreamPrefetch<> pf(W, rows_stream_bytes(ld, nrows, static_cast<size_t>(nb) * 144), prefetch);
+  int r = 0;
+  for (; r + R <= nrows; r += R) q4_k_step<R, NV>(W, ld, r, nb, xs, K, out, os, pf);
+  for (; r < nrows; ++r) q4_k_step<1, NV>(W, ld, r, nb, xs, K, out, os, pf);
 }
 
 // Q6_K: per 128-element half h and l < 32, q[l] = ql[l] & 15 | (qh[l] & 3) << 4, q[l + 32] = ql[l +
@@ -1004,6 +1049,7 @@ namespace {
 
 // Software prefetch distance of the one-vector int8 kernels when the caller set none (bytes).
 constexpr int kQ8RowsPrefetch = 2048;
+constexpr int kQ8Avx2Prefetch = 8192;
 
 // The supported types, in the order they are listed in errors. In the avx512_bf16 tier the types
 // with a q8 kernel take int8 activations (VNNI); the others run the AVX-512 fp32 kernels there (the
@@ -1125,8 +1171,18 @@ void GgmlMoeFormat::mat_rows(const Matrix& m, bool q8, int e, int r0, int r1, co
     // One vector: the kernels read 4 rows interleaved, which the hardware prefetchers of Zen 5 do not
     // follow (2 threads, 1 GiB pool: q4_0 0.73 -> 0.45 of the read bandwidth); a software prefetch of
     // the 4 rows' span in address order brings it back (0.73-0.76), so that path prefetches when the
-    // caller set no distance (Intel's default, 8192, stays).
-    const int pf = n == 1 && !p_.prefetch_explicit && p_.prefetch == 0 ? kQ8RowsPrefetch : p_.prefetch;
+    // caller set no distance (Intel's default, 8192, stays). The avx2 tier's kernels prefetch
+    // kQ8Avx2Prefetch ahead unless the caller set a distance: on a 2-core Zen 3, where one core
+    // alone reads DRAM no faster than these kernels compute, the step took the sum of the two
+    // without (docs/benchmarks.md).
+    int pf = p_.prefetch;
+    if (!p_.prefetch_explicit) {
+      if (avx2_q8_) {
+        pf = kQ8Avx2Prefetch;
+      } else if (n == 1 && p_.prefetch == 0) {
+        pf = kQ8RowsPrefetch;
+      }
+    }
     q8_fn(*m.type)(w, m.row_bytes, rows, qs, n, K, out, os, pf);
   } else if (n == 1) {
     m.type->rows[isa](w, m.row_bytes, rows, xs[0], K, out, p_.prefetch);

@@ -1,0 +1,92 @@
+// AVX2 row kernels with int8 activations for weight types whose 32-element blocks decode, with one
+// VPSHUFB at most, to unsigned byte codes u <= 24 with a constant offset c: the weight is
+// (u - c) * scale of the block (q4_0: nibble - 8; mxfp4: 2 e2m1 + 12 with scale e8m0 / 2).
+//
+// Per block and vector: VPMADDUBSW multiplies u (unsigned) by x's int8 codes (|x| <= 127) into 16
+// int16 pair sums (<= 2 * 24 * 127 = 6096, never saturating); VPMADDUBSW of c by x, once per block
+// and vector for all rows, gives the offset's pair sums (<= 2 * 24 * 127); their difference, exact in
+// int16, VPMADDWD by ones gives 8 int32 lanes of sum (u - c) x, exactly. The lanes are converted and
+// added into fp32 by one FMA with scale * dx. No sign shuffles per row (VPSIGNB), and x's loads and
+// offsets are shared by the R rows of a step.
+//
+// R rows at a time (4 for one vector, 2 for two, else 1), each row with one accumulator per vector:
+// R * NV independent FMA chains without alternating accumulators (an accumulator array indexed by
+// the block number lives in memory: GCC kept it on the stack, and the chain through a store and a
+// load cost 6 cycles a block). Every (row, vector) takes the same operations in the same order for
+// any R, so results do not depend on how rows are grouped into calls.
+//
+// The block policy B provides (all FT_TARGET_AVX2, inlined):
+//   static constexpr int kOffset;                    c
+//   __m256i codes(int row, int b) const;             u of block b of `row`, in x's element order
+//   float scale(int row, int b) const;               the block's weight scale
+//   void ahead(int row, int b) const;                software prefetch hook, called every 4th block
+// The activation policy X provides:
+//   const uint8_t* codes(int j, int b) const;        32 int8 codes of vector j's block b
+//   float dx(int j, int b) const;                    its scale
+#pragma once
+
+#include <cstdint>
+
+#include "common.h"
+
+namespace ft {
+
+#if FT_X86
+namespace u8rows {
+
+// Rows [r, r + R), A accumulators per row and vector (block b adds into accumulator b % A).
+template <int R, int A, int NV, class B, class X>
+FT_TARGET_AVX2 inline void step_rows(const B& blk, const X& x, int r, int nb, float* out, int os) {
+  const __m256i off = _mm256_set1_epi8(static_cast<char>(B::kOffset)), ones = _mm256_set1_epi16(1);
+  __m256 acc[A][R][NV];
+  for (int a = 0; a < A; ++a)
+    for (int i = 0; i < R; ++i)
+      for (int j = 0; j < NV; ++j) acc[a][i][j] = _mm256_setzero_ps();
+  auto block = [&](int b, __m256(&ac)[R][NV]) FT_TARGET_AVX2 {
+    if ((b & 3) == 0)
+      for (int i = 0; i < R; ++i) blk.ahead(r + i, b);
+    __m256i xq[NV], xo[NV];
+    float dx[NV];
+    for (int j = 0; j < NV; ++j) {
+      xq[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes(j, b)));
+      xo[j] = _mm256_maddubs_epi16(off, xq[j]);
+      dx[j] = x.dx(j, b);
+    }
+    for (int i = 0; i < R; ++i) {
+      const __m256i u = blk.codes(r + i, b);
+      const float ws = blk.scale(r + i, b);
+      for (int j = 0; j < NV; ++j) {
+        const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(u, xq[j]), xo[j]);
+        ac[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), _mm256_set1_ps(ws * dx[j]), ac[i][j]);
+      }
+    }
+  };
+  int b = 0;
+  for (; b + A <= nb; b += A)
+    for (int a = 0; a < A; ++a) block(b + a, acc[a]);
+  for (; b < nb; ++b) block(b, acc[b % A]);
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NV; ++j) {
+      __m256 t = acc[0][i][j];
+      for (int a = 1; a < A; ++a) t = _mm256_add_ps(t, acc[a][i][j]);
+      out[j * os + r + i] = hsum8(t);
+    }
+}
+
+// out[j * os + r] = row r . x_j for rows [0, nrows) and NV vectors. B::kRows is the rows per step
+// of one vector (4, or 1 where reading rows side by side cost more than it saved: mxfp4); fewer
+// with more vectors. A step of one row keeps two accumulators per vector while NV <= 2 (the FMA
+// latency); the leftover rows of a call take the same accumulators as its steps.
+template <int NV, class B, class X>
+FT_TARGET_AVX2 inline void rows(const B& blk, const X& x, int nrows, int nb, float* out, int os) {
+  constexpr int R = B::kRows == 1 ? 1 : NV == 1 ? 4 : NV == 2 ? 2 : 1;
+  constexpr int A = R == 1 && NV <= 2 ? 2 : 1;
+  int r = 0;
+  for (; r + R <= nrows; r += R) step_rows<R, A, NV>(blk, x, r, nb, out, os);
+  for (; r < nrows; ++r) step_rows<1, A, NV>(blk, x, r, nb, out, os);
+}
+
+}  // namespace u8rows
+#endif
+
+}  // namespace ft
