@@ -16,7 +16,7 @@ from helpers.checks import (
     run_swigluoai_options,
 )
 from helpers.fp4_reference import random_e4m3_codes
-from helpers.int8_bounds import block_amax
+from helpers.int8_bounds import block_amax, int8_emulated_reference
 from helpers.moe_reference import ACTIVATIONS, BF16, activation, bias_terms, moe_reference, random_inputs
 
 TIERS = fk.isa_tiers()
@@ -69,9 +69,16 @@ def act_spread(act: str, g: np.ndarray, u: np.ndarray, eg: np.ndarray, eu: np.nd
     return 2.0 * worst
 
 
+def int8_path(isa: str, H: int, I: int) -> bool:
+    """Whether the executor takes int8 activations in either pass: always in the avx512_bf16 tier
+    (VNNI); in the avx2 tier for x when hidden is a multiple of 32 and for the intermediate when it is
+    (its records hold blocks of 32). qerr bounds both passes' rounding, so it covers either alone."""
+    return isa == "avx512_bf16" or (isa == "avx2" and (H % 32 == 0 or I % 32 == 0))
+
+
 def reference(banks, x, ids, w, I, act, on_input=False, **opts):
     """(y, scale, qerr): the float64 reference, the magnitude of its intermediate terms, and a bound on
-    what the int8-activation path (tier avx512_bf16) adds by quantizing x and the intermediate."""
+    what the int8-activation paths (int8_path) add by quantizing x and the intermediate."""
     w13 = dequant(banks["w13"], banks["w13_scale"], banks["w13_scale_2"])
     down = dequant(banks["w2"], banks["w2_scale"], banks["w2_scale_2"])
     biases = bias_terms(banks, slice(None, I), slice(I, None))
@@ -107,17 +114,16 @@ def reference(banks, x, ids, w, I, act, on_input=False, **opts):
     return ref, scale, qerr
 
 
-def check(y: np.ndarray, ref: np.ndarray, scale: np.ndarray, qerr: np.ndarray, isa: str) -> None:
+def check(y: np.ndarray, ref: np.ndarray, scale: np.ndarray, qerr: np.ndarray, isa: str, int8: bool) -> None:
     # Each group's e2m1 products are summed exactly (int32 in the int8 path) or in fp32, scaled by the
     # exact e4m3 value, then the row by its f32 global scale: fp32 accumulation error only (K * 2^-24
     # of the magnitude sum, far below 2^-11 here), plus the bf16 rounding of y (<= 2^-9 relative;
-    # 2^-8 leaves a factor 2). The avx512_bf16 tier is the int8-activation path: it also adds qerr,
+    # 2^-8 leaves a factor 2). The int8-activation paths (int8_path) also add qerr,
     # the propagated quantization error of x and of the intermediate (see reference()).
     # That worst case adds |errors| with no cancellation and is loose (about |y| on these random
     # layers), so the int8 path also gets a statistical check: independent rounding errors of <= half
     # a step, step = amax/127 of 16 elements, leave the rms error of y near 1% of the rms of y here;
     # a wrong scale, group or offset gives tens of percent. The limit is 4%.
-    int8 = isa == "avx512_bf16"
     err = assert_close_to_reference(
         y, ref, scale, isa, rel=2.0**-8, mag=2.0**-11, extra=qerr if int8 else 0.0
     )
@@ -139,7 +145,7 @@ def run_case(isa, act, T, rng, E=5, H=None, I=None, top_k=4, threads=2):
     y = ex.run(0, x, ids, w)
     assert y.dtype == BF16 and y.shape == (T, H)
     ref, scale, qerr = reference(banks, x, ids, w, I, act, **opts)
-    check(y, ref, scale, qerr, isa)
+    check(y, ref, scale, qerr, isa, int8_path(isa, H, I))
 
 
 @pytest.mark.parametrize("T", [1, 3, 8])
@@ -150,7 +156,7 @@ def test_matches_float64_reference(isa: str, act: str, T: int) -> None:
     run_case(isa, act, T, rng)
 
 
-@pytest.mark.parametrize(("H", "I"), [(16, 16), (272, 48), (528, 112), (2048, 96)])
+@pytest.mark.parametrize(("H", "I"), [(16, 16), (272, 48), (528, 112), (2048, 96), (320, 64), (96, 224)])
 @pytest.mark.parametrize("isa", TIERS)
 def test_edge_shapes(isa: str, H: int, I: int) -> None:
     # One group per row; one 256-block plus a last group; two blocks plus 32 + 16; whole blocks.
@@ -167,7 +173,7 @@ def test_biases_and_swigluoai_options(isa: str) -> None:
         rng, isa, "nvfp4", banks, opts, num_experts=E, hidden=H, intermediate=I
     )
     ref, scale, qerr = reference(banks, x, ids, w, I, "swigluoai", **opts)
-    check(y, ref, scale, qerr, isa)
+    check(y, ref, scale, qerr, isa, int8_path(isa, H, I))
 
 
 @pytest.mark.parametrize("isa", TIERS)
@@ -179,7 +185,7 @@ def test_router_weight_on_input(isa: str) -> None:
         rng, isa, "nvfp4", banks, num_experts=E, hidden=H, intermediate=I
     )
     ref, scale, qerr = reference(banks, x, ids, w, I, "silu", on_input=True)
-    check(y, ref, scale, qerr, isa)
+    check(y, ref, scale, qerr, isa, int8_path(isa, H, I))
 
 
 @pytest.mark.parametrize("isa", TIERS)
@@ -192,6 +198,39 @@ def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
 
 
 @pytest.mark.parametrize("isa", TIERS)
+def test_bits_do_not_depend_on_thread_count_blocks_of_32(isa: str) -> None:
+    # Hidden and intermediate multiples of 32: the avx2 tier's int8 path in both passes.
+    rng = np.random.default_rng(5)
+    E, H, I, top_k, T = 8, 320, 224, 6, 8
+    banks = make_layer(rng, E, H, I)
+    x, ids, w = random_inputs(rng, T, H, top_k, E)
+    assert_bits_do_not_depend_on_thread_count(isa, "nvfp4", banks, x, ids, w, num_experts=E, intermediate=I)
+
+
+@pytest.mark.skipif("avx2" not in TIERS, reason="no AVX2 here")
+@pytest.mark.parametrize(("T", "H", "I"), [(1, 160, 96), (3, 96, 160), (8, 288, 64)])
+def test_avx2_int8_path_matches_an_int8_emulation(T: int, H: int, I: int) -> None:
+    # qerr is a worst case; this is the sharp check of the avx2 tier's int8 path: x and h rounded per
+    # group of 16 in numpy exactly as specified (helpers.int8_bounds.q8_emulate), so only fp32
+    # accumulation, the bf16 output and h elements at a rounding boundary remain. A wrong code order
+    # within a block (even / odd elements), a wrong group's scale or offset fails it.
+    rng = np.random.default_rng([T, H, I, 16])
+    E, top_k = 4, 4
+    banks = make_layer(rng, E, H, I)
+    for b in ("w13_bias", "w2_bias"):
+        banks.pop(b, None)
+    w13 = dequant(banks["w13"], banks["w13_scale"], banks["w13_scale_2"])
+    w2 = dequant(banks["w2"], banks["w2_scale"], banks["w2_scale_2"])
+    wref = {"w_gate": w13[:, :I], "w_up": w13[:, I:], "w_down": w2}
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=8, num_threads=2, isa="avx2")
+    ex.add_layer(0, "nvfp4", num_experts=E, intermediate=I, banks=banks, activation="silu")
+    x, ids, w = random_inputs(rng, T, H, top_k, E, x_scale=2.0)
+    y = ex.run(0, x, ids, w)
+    ref, scale, flip = int8_emulated_reference(x, ids, w, wref, "silu", 16, 16)
+    assert_close_to_reference(y, ref, scale, "nvfp4 avx2 int8 emulation", rel=2.0**-8, mag=2.0**-11, extra=1.01 * flip)
+
+
+@pytest.mark.parametrize("isa", TIERS)
 def test_many_tokens_on_few_experts(isa: str) -> None:
     # H spans a full 128/256-element chunk plus tails.
     rng = np.random.default_rng(13)
@@ -201,7 +240,7 @@ def test_many_tokens_on_few_experts(isa: str) -> None:
         rng, isa, "nvfp4", banks, num_experts=E, hidden=H, intermediate=I
     )
     ref, scale, qerr = reference(banks, x, ids, w, I, "gelu")
-    check(y, ref, scale, qerr, isa)
+    check(y, ref, scale, qerr, isa, int8_path(isa, H, I))
 
 
 E_, H_, I_ = 4, 64, 48

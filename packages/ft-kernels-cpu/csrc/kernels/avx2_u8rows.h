@@ -5,9 +5,10 @@
 // Per block and vector: VPMADDUBSW multiplies u (unsigned) by x's int8 codes (|x| <= 127) into 16
 // int16 pair sums (<= 2 * 24 * 127 = 6096, never saturating); VPMADDUBSW of c by x, once per block
 // and vector for all rows, gives the offset's pair sums (<= 2 * 24 * 127); their difference, exact in
-// int16, VPMADDWD by ones gives 8 int32 lanes of sum (u - c) x, exactly. The lanes are converted and
-// added into fp32 by one FMA with scale * dx. No sign shuffles per row (VPSIGNB), and x's loads and
-// offsets are shared by the R rows of a step.
+// int16, VPMADDWD by ones gives 8 int32 lanes of sum (u - c) x, exactly (lane l: codes 4l..4l+3).
+// The lanes are converted and added into fp32 by one FMA with the weight scales times x's scales,
+// per lane (one value for the block, or two for types with a scale per 16 elements: nvfp4). No sign
+// shuffles per row (VPSIGNB), and x's loads, offsets and scales are shared by the R rows of a step.
 //
 // R rows at a time (4 for one vector, 2 for two, else 1), each row with one accumulator per vector:
 // R * NV independent FMA chains without alternating accumulators (an accumulator array indexed by
@@ -18,11 +19,11 @@
 // The block policy B provides (all FT_TARGET_AVX2, inlined):
 //   static constexpr int kOffset;                    c
 //   __m256i codes(int row, int b) const;             u of block b of `row`, in x's element order
-//   float scale(int row, int b) const;               the block's weight scale
+//   __m256 scale(int row, int b) const;              the weight scale of each int32 lane
 //   void ahead(int row, int b) const;                software prefetch hook, called every 4th block
 // The activation policy X provides:
 //   const uint8_t* codes(int j, int b) const;        32 int8 codes of vector j's block b
-//   float dx(int j, int b) const;                    its scale
+//   __m256 dx(int j, int b) const;                   its scale of each int32 lane
 #pragma once
 
 #include <cstdint>
@@ -34,43 +35,46 @@ namespace ft {
 #if FT_X86
 namespace u8rows {
 
-// Rows [r, r + R), A accumulators per row and vector (block b adds into accumulator b % A).
+// Block b of rows [r, r + R) into ac (always inlined, so that ac stays in registers).
+template <int R, int NV, class B, class X>
+FT_TARGET_AVX2 __attribute__((always_inline)) inline void block(const B& blk, const X& x, int r, int b, __m256i off,
+                                                                __m256i ones, __m256 (&ac)[R][NV]) {
+  if ((b & 3) == 0)
+    for (int i = 0; i < R; ++i) blk.ahead(r + i, b);
+  __m256i xq[NV], xo[NV];
+  __m256 dx[NV];
+  for (int j = 0; j < NV; ++j) {
+    xq[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes(j, b)));
+    xo[j] = _mm256_maddubs_epi16(off, xq[j]);
+    dx[j] = x.dx(j, b);
+  }
+  for (int i = 0; i < R; ++i) {
+    const __m256i u = blk.codes(r + i, b);
+    const __m256 ws = blk.scale(r + i, b);
+    for (int j = 0; j < NV; ++j) {
+      const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(u, xq[j]), xo[j]);
+      ac[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), _mm256_mul_ps(ws, dx[j]), ac[i][j]);
+    }
+  }
+}
+
+// Rows [r, r + R); with A = 2 even blocks go into one set of accumulators and odd ones into another
+// (a last odd-count block into the first), summed at the end.
 template <int R, int A, int NV, class B, class X>
 FT_TARGET_AVX2 inline void step_rows(const B& blk, const X& x, int r, int nb, float* out, int os) {
+  static_assert(A == 1 || A == 2, "one or two accumulator sets");
   const __m256i off = _mm256_set1_epi8(static_cast<char>(B::kOffset)), ones = _mm256_set1_epi16(1);
-  __m256 acc[A][R][NV];
-  for (int a = 0; a < A; ++a)
-    for (int i = 0; i < R; ++i)
-      for (int j = 0; j < NV; ++j) acc[a][i][j] = _mm256_setzero_ps();
-  auto block = [&](int b, __m256(&ac)[R][NV]) FT_TARGET_AVX2 {
-    if ((b & 3) == 0)
-      for (int i = 0; i < R; ++i) blk.ahead(r + i, b);
-    __m256i xq[NV], xo[NV];
-    float dx[NV];
-    for (int j = 0; j < NV; ++j) {
-      xq[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes(j, b)));
-      xo[j] = _mm256_maddubs_epi16(off, xq[j]);
-      dx[j] = x.dx(j, b);
-    }
-    for (int i = 0; i < R; ++i) {
-      const __m256i u = blk.codes(r + i, b);
-      const float ws = blk.scale(r + i, b);
-      for (int j = 0; j < NV; ++j) {
-        const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(u, xq[j]), xo[j]);
-        ac[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), _mm256_set1_ps(ws * dx[j]), ac[i][j]);
-      }
-    }
-  };
-  int b = 0;
-  for (; b + A <= nb; b += A)
-    for (int a = 0; a < A; ++a) block(b + a, acc[a]);
-  for (; b < nb; ++b) block(b, acc[b % A]);
+  __m256 a0[R][NV], a1[R][NV];
   for (int i = 0; i < R; ++i)
-    for (int j = 0; j < NV; ++j) {
-      __m256 t = acc[0][i][j];
-      for (int a = 1; a < A; ++a) t = _mm256_add_ps(t, acc[a][i][j]);
-      out[j * os + r + i] = hsum8(t);
-    }
+    for (int j = 0; j < NV; ++j) a0[i][j] = a1[i][j] = _mm256_setzero_ps();
+  int b = 0;
+  for (; b + A <= nb; b += A) {
+    block<R, NV>(blk, x, r, b, off, ones, a0);
+    if constexpr (A == 2) block<R, NV>(blk, x, r, b + 1, off, ones, a1);
+  }
+  if (b < nb) block<R, NV>(blk, x, r, b, off, ones, a0);
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < NV; ++j) out[j * os + r + i] = hsum8(A == 2 ? _mm256_add_ps(a0[i][j], a1[i][j]) : a0[i][j]);
 }
 
 // out[j * os + r] = row r . x_j for rows [0, nrows) and NV vectors. B::kRows is the rows per step

@@ -444,7 +444,9 @@ struct Fp4U8Rows {
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(W + static_cast<size_t>(row) * (K / 2) + 16 * b));
     return _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15)));
   }
-  float scale(int row, int b) const { return 0.5f * kE8m0.v[S[static_cast<size_t>(row) * (K / 32) + b]]; }
+  FT_TARGET_AVX2 __m256 scale(int row, int b) const {
+    return _mm256_set1_ps(0.5f * kE8m0.v[S[static_cast<size_t>(row) * (K / 32) + b]]);
+  }
   void ahead(int row, int b) const {
     if (pf->w.dist) pf->w.ahead(W + static_cast<size_t>(row) * (K / 2) + 16 * b);
     if (pf->s.dist && b == 0) pf->s.ahead(S + static_cast<size_t>(row) * (K / 32));
@@ -455,10 +457,10 @@ struct Fp4U8Rows {
 struct Q8aX {
   const uint8_t* const* xs;
   const uint8_t* codes(int j, int b) const { return xs[j] + static_cast<size_t>(b) * kQ8aBlockBytes; }
-  float dx(int j, int b) const {
+  FT_TARGET_AVX2 __m256 dx(int j, int b) const {
     float d;
     std::memcpy(&d, codes(j, b) + 32, sizeof d);
-    return d;
+    return _mm256_set1_ps(d);
   }
 };
 

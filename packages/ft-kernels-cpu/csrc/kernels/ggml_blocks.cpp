@@ -253,11 +253,7 @@ struct Blocks32X {
   const Q8Ref* xs;
   int K;
   const uint8_t* codes(int j, int b) const { return xs[j].q + 32 * b; }
-  float dx(int j, int b) const {
-    float d;
-    std::memcpy(&d, xs[j].q + K + 4 * b, sizeof d);
-    return d;
-  }
+  __m256 dx(int j, int b) const { return _mm256_broadcast_ss(reinterpret_cast<const float*>(xs[j].q + K) + b); }
 };
 
 struct Q4_0Rows {
@@ -270,7 +266,7 @@ struct Q4_0Rows {
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at(row, b) + 2));
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15));
   }
-  float scale(int row, int b) const { return _cvtsh_ss(load_u16(at(row, b))); }
+  __m256 scale(int row, int b) const { return _mm256_set1_ps(_cvtsh_ss(load_u16(at(row, b)))); }
   void ahead(int row, int b) const {
     if (!pf.dist) return;
     pf.ahead(at(row, b));

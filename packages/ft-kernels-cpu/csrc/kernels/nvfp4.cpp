@@ -17,8 +17,10 @@
 // register), giving the even and the odd elements of a chunk; the vector tiers therefore take x (and
 // the intermediate) rearranged per chunk, prepared once per task (prep_input) and once per route
 // (prep_inter).
-//  - avx2, avx512: fp32 x, each chunk of 32 elements (16 for a last one) as its evens then its odds;
-//    e2m1 values widened to fp32 and FMA'd, group scales applied per group.
+//  - avx2 with hidden / intermediate multiples of 32: an int8-activation path (W4A8, VPMADDUBSW), x
+//    and the intermediate quantized per group of 16 in records per 32 elements (kQ8NvBlockBytes).
+//  - avx2 otherwise, avx512: fp32 x, each chunk of 32 elements (16 for a last one) as its evens then
+//    its odds; e2m1 values widened to fp32 and FMA'd, group scales applied per group.
 //  - avx512_bf16 (with AVX512-VNNI): an int8-activation path (W4A8). x and the intermediate are
 //    quantized to int8 per group of 16 (scale amax/127, round to nearest); per 256 elements the
 //    weight bytes are regrouped by dword so that a VNNI lane holds one group, the nibbles become
@@ -33,7 +35,9 @@
 #include <string>
 
 #include "format.h"
+#include "kernels/avx2_u8rows.h"
 #include "kernels/fp8nv_common.h"
+#include "kernels/int8_codes.h"
 #include "kernels/row_reduce.h"
 
 namespace ft {
@@ -328,13 +332,88 @@ FT_TARGET_AVX512_BF16 void vnni_quantize(const float* v, int k0, int k1, uint8_t
 void vnni_quantize(const float*, int, int, uint8_t*) { throw Error("nvfp4: the int8 path needs x86 AVX512-VNNI"); }
 #endif  // FT_X86
 
+// ---- avx2 tier: int8 activations (VPMADDUBSW) ----
+//
+// x and the intermediate quantized per group of 16 (int8_codes: amax over the group, step amax/127,
+// round half to even), one record of kQ8NvBlockBytes per block of 32 elements: its 32 codes in the
+// nibble order of the weights (even elements 0, 2, .., 30, then the odd ones), then the two groups'
+// steps dx0 (elements 0..15), dx1 (16..31) as the 8 fp32 lanes [dx0 dx0 dx1 dx1 dx0 dx0 dx1 dx1]:
+// codes 0..7 and 16..23 belong to the first group, 8..15 and 24..31 to the second, so int32 lanes
+// 0, 1, 4, 5 of a block's dot product (avx2_u8rows.h: lane l sums codes 4l..4l+3) are the first
+// group's and 2, 3, 6, 7 the second's; the weights' two e4m3 scales go into the lanes the same way
+// (two broadcasts and a blend). Weights are 2 e2m1 + 12 (unsigned 0..24, offset 12): the dot product
+// is twice the value, halved with the global scale. For K a multiple of 32 (real checkpoints); other
+// K take the fp32 kernels. (A record with the two steps as two floats, spread by VPERMPS per block
+// and row, ran slower than the fp32 kernels.)
+constexpr size_t kQ8NvBlockBytes = 64;
+inline bool avx2_int8(Isa isa, int K) { return FT_X86 && isa == Isa::avx2 && K % 32 == 0; }
+size_t q8nv_bytes(int K) { return static_cast<size_t>(K / 32) * kQ8NvBlockBytes; }
+
+// Blocks of v[k0, k1) (multiples of 32; v and dst indexed from element 0 of the vector).
+void q8nv_quantize(const float* v, int k0, int k1, uint8_t* dst) {
+  for (int k = k0; k < k1; k += 32) {
+    uint8_t* rec = dst + static_cast<size_t>(k / 32) * kQ8NvBlockBytes;
+    int8_t c[32];
+    float d[2];
+    for (int g = 0; g < 2; ++g) d[g] = int8_codes(v + k + 16 * g, 16, c + 16 * g, FT_X86 != 0) / 127.f;
+    for (int e = 0; e < 16; ++e) {
+      rec[e] = static_cast<uint8_t>(c[2 * e]);
+      rec[16 + e] = static_cast<uint8_t>(c[2 * e + 1]);
+    }
+    const float lanes[8] = {d[0], d[0], d[1], d[1], d[0], d[0], d[1], d[1]};
+    std::memcpy(rec + 32, lanes, sizeof lanes);
+  }
+}
+
+#if FT_X86
+struct Nvfp4U8Rows {
+  static constexpr int kOffset = 12, kRows = 1;
+  const uint8_t* W;
+  const uint8_t* SC;
+  size_t ldw, lds;
+  const float* lut;  // e4m3 byte -> value
+  const Prefetch* pf;
+  FT_TARGET_AVX2 __m256i codes(int row, int b) const {
+    const __m256i tab =
+        _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(W + row * ldw + 16 * b));
+    return _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15)));
+  }
+  FT_TARGET_AVX2 __m256 scale(int row, int b) const {
+    const uint8_t* s = SC + row * lds + 2 * b;
+    return _mm256_blend_ps(_mm256_broadcast_ss(lut + s[0]), _mm256_broadcast_ss(lut + s[1]), 0xcc);
+  }
+  void ahead(int row, int b) const {
+    if (pf->dist) pf->ahead(W + row * ldw + 16 * b);
+  }
+};
+
+struct Q8NvX {
+  const uint8_t* const* xs;
+  const uint8_t* codes(int j, int b) const { return xs[j] + static_cast<size_t>(b) * kQ8NvBlockBytes; }
+  FT_TARGET_AVX2 __m256 dx(int j, int b) const { return _mm256_loadu_ps(reinterpret_cast<const float*>(codes(j, b) + 32)); }
+};
+#endif
+
 // Rows of one matrix against n vectors: W (K/2 bytes a row), SC (K/16 scale bytes a row) and G
 // (global scale per row) all point at the first row; out[j * os + r]. Vectors: fp32 in natural order
-// (scalar), fp32 in even/odd chunk order (avx2, avx512), VNNI chunks (avx512_bf16).
+// (scalar), q8nv records (avx2 with K a multiple of 32), fp32 in even/odd chunk order (avx2, avx512),
+// VNNI chunks (avx512_bf16).
 void nvfp4_rows(Isa isa, const uint8_t* W, const uint8_t* SC, const float* G, int nrows, const void* const* xs,
                 int n, int K, float* out, int os, int prefetch) {
   const size_t ldw = static_cast<size_t>(K) / 2, lds = static_cast<size_t>(K) / 16;
 #if FT_X86
+#if FT_X86
+  if (avx2_int8(isa, K)) {
+    const Prefetch pf(W, nrows * ldw, prefetch);
+    const Nvfp4U8Rows blk{W, SC, ldw, lds, fp8nv::e4m3_table().v, &pf};
+    const uint8_t* const* xq = reinterpret_cast<const uint8_t* const*>(xs);
+    dispatch_n(n, [&](auto nv) { u8rows::rows<decltype(nv)::value>(blk, Q8NvX{xq}, nrows, K / 32, out, os); });
+    for (int j = 0; j < n; ++j)
+      for (int r = 0; r < nrows; ++r) out[j * os + r] *= 0.5f * G[r];
+    return;
+  }
+#endif
   if (isa != Isa::scalar) {
     const Prefetch pf(W, nrows * ldw, prefetch);
     int r = 0;
@@ -398,6 +477,12 @@ class Nvfp4Format final : public MoeFormat {
 
   void prep_input(const TaskInput& in) override {
     const size_t H = p_.hidden;
+    if (avx2_int8(p_.isa, p_.hidden)) {
+      const size_t vb = q8nv_bytes(p_.hidden);
+      xq_.resize(static_cast<size_t>(in.num_tokens) * vb);
+      for (int t = 0; t < in.num_tokens; ++t) q8nv_quantize(in.x_f32 + t * H, 0, p_.hidden, xq_.data() + t * vb);
+      return;
+    }
     if (vnni()) {
       const size_t vb = vnni_bytes(p_.hidden);
       xq_.resize(static_cast<size_t>(in.num_tokens) * vb);
@@ -421,8 +506,12 @@ class Nvfp4Format final : public MoeFormat {
     const void* xs[fp8nv::kMaxVectors];
     for (int j = 0; j < n; ++j) {
       const int t = tokens[j];
-      xs[j] = vnni() ? static_cast<const void*>(xq_.data() + t * vnni_bytes(p_.hidden))
-                     : static_cast<const void*>((permuted() ? xp_.data() : in.x_f32) + t * H);
+      if (avx2_int8(p_.isa, p_.hidden)) {
+        xs[j] = xq_.data() + t * q8nv_bytes(p_.hidden);
+      } else {
+        xs[j] = vnni() ? static_cast<const void*>(xq_.data() + t * vnni_bytes(p_.hidden))
+                       : static_cast<const void*>((permuted() ? xp_.data() : in.x_f32) + t * H);
+      }
     }
     const int rows = i1 - i0, K = p_.hidden;
     nvfp4_rows(p_.isa, w13_ + row_g * (H / 2), s13_ + row_g * (H / 16), g13_ + row_g, rows, xs, n, K, gate, stride,
@@ -441,11 +530,14 @@ class Nvfp4Format final : public MoeFormat {
   }
 
   size_t inter_prep_bytes() const override {
+    if (avx2_int8(p_.isa, p_.intermediate)) return q8nv_bytes(p_.intermediate);
     return vnni() ? vnni_bytes(p_.intermediate) : permuted() ? p_.intermediate * sizeof(float) : 0;
   }
 
   void prep_inter(const float* h, int i0, int i1, void* prepped) const override {
-    if (vnni()) {
+    if (avx2_int8(p_.isa, p_.intermediate)) {
+      q8nv_quantize(h, i0, i1, static_cast<uint8_t*>(prepped));
+    } else if (vnni()) {
       vnni_quantize(h, i0, i1, static_cast<uint8_t*>(prepped));
     } else {
       to_even_odd(h, static_cast<float*>(prepped), i0, i1);
@@ -483,7 +575,7 @@ class Nvfp4Format final : public MoeFormat {
   const float* b13_;
   const float* b2_;
   AlignedBuffer<float> xp_;    // x in even/odd chunk order, [T, H] (avx2, avx512)
-  AlignedBuffer<uint8_t> xq_;  // x quantized in VNNI blocks, [T, vnni_bytes(H)] (avx512_bf16)
+  AlignedBuffer<uint8_t> xq_;  // x quantized: VNNI blocks (avx512_bf16) or q8nv records (avx2), per token
 };
 
 std::unique_ptr<MoeFormat> make_nvfp4_format(const MoeParams& params, FormatArgs& args) {
