@@ -41,6 +41,18 @@ FT_TARGET_AVX2 __attribute__((always_inline)) inline void block(const B& blk, co
                                                                 __m256i ones, __m256 (&ac)[R][NV]) {
   if ((b & 3) == 0)
     for (int i = 0; i < R; ++i) blk.ahead(r + i, b);
+  if constexpr (R == 1) {
+    // One row: each vector's loads, offset and scale where they are used (arrays of them for 8
+    // vectors spilled to the stack: 3 registers per vector next to 8 accumulators).
+    const __m256i u = blk.codes(r, b);
+    const __m256 ws = blk.scale(r, b);
+    for (int j = 0; j < NV; ++j) {
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.codes(j, b)));
+      const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(u, xq), _mm256_maddubs_epi16(off, xq));
+      ac[0][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), _mm256_mul_ps(ws, x.dx(j, b)), ac[0][j]);
+    }
+    return;
+  }
   __m256i xq[NV], xo[NV];
   __m256 dx[NV];
   for (int j = 0; j < NV; ++j) {
