@@ -48,18 +48,33 @@ float fp8_row_scalar(const uint8_t* w, const float* S, int B, const float* x, in
 
 // Rows with N fp32 vectors: per column block the fp8 x fp32 products are summed in fp32 vectors (each
 // 16 weights decoded once for all vectors), then scaled by the block's scale into a running total.
+// One or two vectors: two chains per vector (the FMA latency), totals in registers. Three or more:
+// one chain per vector (the vectors are the independent chains) and the totals in memory, touched
+// once per block: 2N block accumulators and N totals next to the weights did not fit the 16 ymm
+// registers, and the spills sat in the inner loop (8 vectors: 5.3x the time of one vector on a
+// 2-core Zen 3, docs/benchmarks.md).
 template <int N>
 FT_TARGET_AVX2 void fp8_row_avx2(const uint8_t* w, const float* S, int B, const float* const* xs, int K, float* out,
                                  int os, const Prefetch& pf) {
+  constexpr bool two = N <= 2;
   const float* lut = fp8nv::e4m3_table().v;
-  __m256 tot[N];
-  for (int j = 0; j < N; ++j) tot[j] = _mm256_setzero_ps();
+  __m256 tot[two ? N : 1];
+  alignas(32) float totm[two ? 1 : N][8];
+  for (int j = 0; j < N; ++j) {
+    if constexpr (two) {
+      tot[j] = _mm256_setzero_ps();
+    } else {
+      _mm256_store_ps(totm[j], _mm256_setzero_ps());
+    }
+  }
   for (int c0 = 0, c = 0; c0 < K; c0 += B, ++c) {
     const int n = std::min(B, K - c0);
     const uint8_t* wb = w + c0;
     pf.ahead_range(wb, n);
-    __m256 a0[N], a1[N];
-    for (int j = 0; j < N; ++j) a0[j] = a1[j] = _mm256_setzero_ps();
+    __m256 a0[N], a1[two ? N : 1];
+    for (int j = 0; j < N; ++j) a0[j] = _mm256_setzero_ps();
+    if constexpr (two)
+      for (int j = 0; j < N; ++j) a1[j] = _mm256_setzero_ps();
     int k = 0;
     for (; k + 16 <= n; k += 16) {
       __m256 w0, w1;
@@ -67,22 +82,34 @@ FT_TARGET_AVX2 void fp8_row_avx2(const uint8_t* w, const float* S, int B, const 
       for (int j = 0; j < N; ++j) {
         const float* xb = xs[j] + c0 + k;
         a0[j] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xb), a0[j]);
-        a1[j] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), a1[j]);
+        if constexpr (two) {
+          a1[j] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), a1[j]);
+        } else {
+          a0[j] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), a0[j]);
+        }
       }
     }
     const __m256 s = _mm256_set1_ps(S[c]);
     for (int j = 0; j < N; ++j) {
-      __m256 a = _mm256_add_ps(a0[j], a1[j]);
+      __m256 a = a0[j];
+      if constexpr (two) a = _mm256_add_ps(a, a1[j]);
       if (k < n) {
         float r = 0.f;
         for (int i = k; i < n; ++i) r += lut[wb[i]] * xs[j][c0 + i];
         // The vector part carries the 2^-8 of the fp16 decode; bring the remainder to the same scale.
         a = _mm256_add_ps(a, _mm256_setr_ps(r / fp8nv::kE4m3Fp16Unscale, 0, 0, 0, 0, 0, 0, 0));
       }
-      tot[j] = _mm256_fmadd_ps(a, s, tot[j]);
+      if constexpr (two) {
+        tot[j] = _mm256_fmadd_ps(a, s, tot[j]);
+      } else {
+        _mm256_store_ps(totm[j], _mm256_fmadd_ps(a, s, _mm256_load_ps(totm[j])));
+      }
     }
   }
-  for (int j = 0; j < N; ++j) out[j * os] = hsum8(tot[j]) * fp8nv::kE4m3Fp16Unscale;
+  for (int j = 0; j < N; ++j) {
+    const __m256 t = two ? tot[j] : _mm256_load_ps(totm[two ? 0 : j]);
+    out[j * os] = hsum8(t) * fp8nv::kE4m3Fp16Unscale;
+  }
 }
 
 template <int N>
