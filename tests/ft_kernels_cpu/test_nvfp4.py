@@ -220,7 +220,9 @@ def test_avx2_int8_path_matches_an_int8_emulation(T: int, H: int, I: int) -> Non
     x, ids, w = random_inputs(rng, T, H, top_k, E, x_scale=2.0)
     y = ex.run(0, x, ids, w)
     ref, scale, flip = int8_emulated_reference(x, ids, w, wref, "silu", 16, 16)
-    assert_close_to_reference(y, ref, scale, "nvfp4 avx2 int8 emulation", rel=2.0**-8, mag=2.0**-11, extra=1.01 * flip)
+    assert_close_to_reference(
+        y, ref, scale, "nvfp4 avx2 int8 emulation", rel=2.0**-8, mag=2.0**-11, extra=1.01 * flip
+    )
 
 
 @pytest.mark.parametrize("isa", TIERS)
