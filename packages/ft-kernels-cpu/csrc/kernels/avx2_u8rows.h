@@ -1,6 +1,7 @@
 // AVX2 row kernels with int8 activations for weight types whose 32-element blocks decode, with one
 // VPSHUFB at most, to unsigned byte codes u <= 24 with a constant offset c: the weight is
-// (u - c) * scale of the block (q4_0: nibble - 8; mxfp4: 2 e2m1 + 12 with scale e8m0 / 2).
+// (u - c) * scale of the block (q4_0: nibble - 8; mxfp4: 2 e2m1 + 12 with scale e8m0 / 2; nvfp4: 2
+// e2m1 + 12 with an e4m3 scale per 16 elements).
 //
 // Per block and vector: VPMADDUBSW multiplies u (unsigned) by x's int8 codes (|x| <= 127) into 16
 // int16 pair sums (<= 2 * 24 * 127 = 6096, never saturating); VPMADDUBSW of c by x, once per block
@@ -10,14 +11,15 @@
 // per lane (one value for the block, or two for types with a scale per 16 elements: nvfp4). No sign
 // shuffles per row (VPSIGNB), and x's loads, offsets and scales are shared by the R rows of a step.
 //
-// R rows at a time (4 for one vector, 2 for two, else 1), each row with one accumulator per vector:
-// R * NV independent FMA chains without alternating accumulators (an accumulator array indexed by
-// the block number lives in memory: GCC kept it on the stack, and the chain through a store and a
-// load cost 6 cycles a block). Every (row, vector) takes the same operations in the same order for
+// R rows at a time (4 for one vector, 2 for two, else 1; or always 1 for a type with B::kRows = 1,
+// which then keeps two accumulators per vector for one or two vectors): independent FMA chains in
+// registers (an accumulator array indexed by the block number lives in memory: GCC kept it on the
+// stack, and the chain through a store and a load cost 6 cycles a block). Every (row, vector) takes the same operations in the same order for
 // any R, so results do not depend on how rows are grouped into calls.
 //
 // The block policy B provides (all FT_TARGET_AVX2, inlined):
 //   static constexpr int kOffset;                    c
+//   static constexpr int kRows;                      4: read rows side by side; 1: one row at a time
 //   __m256i codes(int row, int b) const;             u of block b of `row`, in x's element order
 //   __m256 scale(int row, int b) const;              the weight scale of each int32 lane
 //   void ahead(int row, int b) const;                software prefetch hook, called every 4th block
@@ -34,6 +36,24 @@ namespace ft {
 
 #if FT_X86
 namespace u8rows {
+
+// Rows per step for NV vectors when a type reads rows side by side (B::kRows = 4); also the K-quant
+// kernels' choice (ggml_blocks.cpp).
+constexpr int rows_per_step(int nv) { return nv == 1 ? 4 : nv == 2 ? 2 : 1; }
+
+// 16 packed bytes as 32 nibble bytes: the low nibbles (bytes 0..15), then the high ones (16..31).
+FT_TARGET_AVX2 inline __m256i nibbles(const uint8_t* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15));
+}
+
+// 16 bytes of packed e2m1 codes as unsigned codes 2 e2m1 + 12 (0..24; offset 12), in nibbles' order
+// (mxfp4, nvfp4).
+FT_TARGET_AVX2 inline __m256i e2m1_codes(const uint8_t* p) {
+  const __m256i tab =
+      _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+  return _mm256_shuffle_epi8(tab, nibbles(p));
+}
 
 // Block b of rows [r, r + R) into ac (always inlined, so that ac stays in registers).
 template <int R, int NV, class B, class X>
@@ -90,12 +110,12 @@ FT_TARGET_AVX2 inline void step_rows(const B& blk, const X& x, int r, int nb, fl
 }
 
 // out[j * os + r] = row r . x_j for rows [0, nrows) and NV vectors. B::kRows is the rows per step
-// of one vector (4, or 1 where reading rows side by side cost more than it saved: mxfp4); fewer
-// with more vectors. A step of one row keeps two accumulators per vector while NV <= 2 (the FMA
+// of one vector (4, or 1 where reading rows side by side cost more than it saved: mxfp4, nvfp4);
+// fewer with more vectors. A step of one row keeps two accumulators per vector while NV <= 2 (the FMA
 // latency); the leftover rows of a call take the same accumulators as its steps.
 template <int NV, class B, class X>
 FT_TARGET_AVX2 inline void rows(const B& blk, const X& x, int nrows, int nb, float* out, int os) {
-  constexpr int R = B::kRows == 1 ? 1 : NV == 1 ? 4 : NV == 2 ? 2 : 1;
+  constexpr int R = B::kRows == 1 ? 1 : rows_per_step(NV);
   constexpr int A = R == 1 && NV <= 2 ? 2 : 1;
   int r = 0;
   for (; r + R <= nrows; r += R) step_rows<R, A, NV>(blk, x, r, nb, out, os);

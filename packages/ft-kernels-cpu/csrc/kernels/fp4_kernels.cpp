@@ -439,10 +439,7 @@ struct Fp4U8Rows {
   int K;
   const Streams* pf;
   FT_TARGET_AVX2 __m256i codes(int row, int b) const {
-    const __m256i lut =
-        _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(W + static_cast<size_t>(row) * (K / 2) + 16 * b));
-    return _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15)));
+    return u8rows::e2m1_codes(W + static_cast<size_t>(row) * (K / 2) + 16 * b);
   }
   FT_TARGET_AVX2 __m256 scale(int row, int b) const {
     return _mm256_set1_ps(0.5f * kE8m0.v[S[static_cast<size_t>(row) * (K / 32) + b]]);

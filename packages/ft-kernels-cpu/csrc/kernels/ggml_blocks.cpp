@@ -262,10 +262,7 @@ struct Q4_0Rows {
   size_t ld;
   StreamPrefetch<> pf;
   const uint8_t* at(int row, int b) const { return W + row * ld + 18 * b; }
-  __m256i codes(int row, int b) const {
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at(row, b) + 2));
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15));
-  }
+  __m256i codes(int row, int b) const { return u8rows::nibbles(at(row, b) + 2); }
   __m256 scale(int row, int b) const { return _mm256_set1_ps(_cvtsh_ss(load_u16(at(row, b)))); }
   void ahead(int row, int b) const {
     if (!pf.dist) return;
@@ -293,14 +290,12 @@ inline __m128i kquant_scale_min_x(const uint8_t* s) {
                         static_cast<int>(b & m6), static_cast<int>(((c >> 4) & m4) | (((b >> 6) & m2) << 4)));
 }
 
-// Rows [r, r + R) of a K-quant call against NV vectors: R * NV accumulators, each one FMA chain (as
-// avx2_u8rows.h; rows computed alone or in a group take the same operations).
-constexpr int rows_per_step(int nv) { return nv == 1 ? 4 : nv == 2 ? 2 : 1; }
-
 // Q4_K: per super-block of 256, sub-block s (32 elements) = d sc[s] q - dmin m[s], q = the low (s
 // even) or high (s odd) nibbles of qs[32 (s / 2) .. +32]. Per sub-block: q (unsigned, <= 15) times x
 // (signed) by VPMADDUBSW directly, scaled by d sc[s] dx[s] (8 at a time per super-block); the min
 // terms dmin m[s] times x's fp32 sums per sub-block, 8 at a time (one FMA per super-block).
+// Rows [r, r + R) against NV vectors: R * NV accumulators, each one FMA chain (R as avx2_u8rows.h's
+// rows_per_step; rows computed alone or in a group take the same operations).
 template <int R, int NV>
 void q4_k_step(const uint8_t* W, size_t ld, int r, int nb, const Q8Ref* xs, int K, float* out, int os,
                const StreamPrefetch<>& pf) {
@@ -361,7 +356,7 @@ void q4_k_step(const uint8_t* W, size_t ld, int r, int nb, const Q8Ref* xs, int 
 
 template <int NV>
 void rows_q4_k(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
-  constexpr int R = rows_per_step(NV);
+  constexpr int R = u8rows::rows_per_step(NV);
   const int nb = K / 256;
   const StreamPrefetch<> pf(W, rows_stream_bytes(ld, nrows, static_cast<size_t>(nb) * 144), prefetch);
   int r = 0;

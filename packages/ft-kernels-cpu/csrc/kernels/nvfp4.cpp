@@ -373,12 +373,7 @@ struct Nvfp4U8Rows {
   size_t ldw, lds;
   const float* lut;  // e4m3 byte -> value
   const Prefetch* pf;
-  FT_TARGET_AVX2 __m256i codes(int row, int b) const {
-    const __m256i tab =
-        _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(W + row * ldw + 16 * b));
-    return _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(15)));
-  }
+  FT_TARGET_AVX2 __m256i codes(int row, int b) const { return u8rows::e2m1_codes(W + row * ldw + 16 * b); }
   FT_TARGET_AVX2 __m256 scale(int row, int b) const {
     const uint8_t* s = SC + row * lds + 2 * b;
     return _mm256_blend_ps(_mm256_broadcast_ss(lut + s[0]), _mm256_broadcast_ss(lut + s[1]), 0xcc);
