@@ -172,8 +172,12 @@ def ensure_kernel(
     u = tl.load(usage_ptr + offs, mask=inside, other=0)
     packed = tl.where(inside, ((u + 1) << 24) | (offs - slot_lo).to(tl.int64), INT64_MAX)
     if SINGLE:
-        cand = packed  # the one program admits from its own chunk
-        admit_here = True
+        _admit(
+            ids_ptr, slot_of_ptr, owner_ptr, usage_ptr, seen_ptr, step_ptr,
+            plan_slot_ptr, plan_src_ptr, plan_count_ptr, counters_ptr,
+            r, rmask, e, key, valid, first, miss, hit, n_miss, n_fetch, stamp, packed, slot_lo,
+            ORDER_RECENT, CLAMP, BLOCK_R,
+        )  # fmt: skip
     else:
         for j in range(0, n_fetch):
             mn = tl.min(packed, axis=0)
@@ -181,17 +185,15 @@ def ensure_kernel(
             packed = tl.where(packed == mn, INT64_MAX, packed)
         tl.debug_barrier()
         arrived = tl.atomic_add(arrive_ptr, 1, sem="acq_rel")
-        # The last program admits: every proposal and every hit stamp is visible to it (acquire above).
-        admit_here = arrived == n_chunks - 1
-        if admit_here:
+        if arrived == n_chunks - 1:
+            # The last program: every proposal and every hit stamp is visible (acquire above).
             tl.store(arrive_ptr, 0)  # ready for the next call (stream order)
-        pos = tl.arange(0, BLOCK_C * BLOCK_R)
-        pmask = (pos // BLOCK_R < n_chunks) & (pos % BLOCK_R < n_fetch) & admit_here
-        cand = tl.load(cand_ptr + pos, mask=pmask, other=INT64_MAX, cache_modifier=".cg")
-    if admit_here:
-        _admit(
-            ids_ptr, slot_of_ptr, owner_ptr, usage_ptr, seen_ptr, step_ptr,
-            plan_slot_ptr, plan_src_ptr, plan_count_ptr, counters_ptr,
-            r, rmask, e, key, valid, first, miss, hit, n_miss, n_fetch, stamp, cand, slot_lo,
-            ORDER_RECENT, CLAMP, BLOCK_R,
-        )  # fmt: skip
+            pos = tl.arange(0, BLOCK_C * BLOCK_R)
+            pmask = (pos // BLOCK_R < n_chunks) & (pos % BLOCK_R < n_fetch)
+            cand = tl.load(cand_ptr + pos, mask=pmask, other=INT64_MAX, cache_modifier=".cg")
+            _admit(
+                ids_ptr, slot_of_ptr, owner_ptr, usage_ptr, seen_ptr, step_ptr,
+                plan_slot_ptr, plan_src_ptr, plan_count_ptr, counters_ptr,
+                r, rmask, e, key, valid, first, miss, hit, n_miss, n_fetch, stamp, cand, slot_lo,
+                ORDER_RECENT, CLAMP, BLOCK_R,
+            )  # fmt: skip
