@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -16,6 +18,29 @@ from helpers.fp4_reference import dequant_fp4, fp8_round_trip, random_fp4, rando
 from helpers.moe_reference import ACTIVATIONS, BF16, activation, random_inputs, random_routes
 
 TIERS = fk.isa_tiers()
+# (tier, FT_CPU_MOE_DSFP4_KERNELS, FT_CPU_MOE_DSFP4_AMX_MIN): each tier's default kernels, and in
+# avx512_bf16 each of its kernels by name; where this CPU runs AMX-BF16 tiles the amx kernels as they
+# are (tiles for calls of 4+ vectors, fp32 kernels below) and with tiles for every call.
+VARIANTS = [(t, "auto", "") for t in TIERS if t != "avx512_bf16"]
+if "avx512_bf16" in TIERS:
+    VARIANTS += [("avx512_bf16", "fp32", ""), ("avx512_bf16", "bf16", "")]
+    if fk.cpu_amx_bf16():
+        VARIANTS += [("avx512_bf16", "amx", ""), ("avx512_bf16", "amx", "1")]
+VARIANT_IDS = [f"{t}-{k}" + (f"-min{m}" if m else "") for t, k, m in VARIANTS]
+
+
+@pytest.fixture(params=VARIANTS, ids=VARIANT_IDS)
+def isa(request, monkeypatch) -> str:
+    """The tier of a test, with the kernels of the variant chosen through the environment."""
+    tier, kernels, amx_min = request.param
+    monkeypatch.setenv("FT_CPU_MOE_DSFP4_KERNELS", kernels)
+    monkeypatch.setenv("FT_CPU_MOE_DSFP4_AMX_MIN", amx_min)
+    return tier
+
+
+def variant_index(isa: str) -> int:
+    """A number per variant (seeds and shapes differ between variants)."""
+    return VARIANTS.index((isa, os.environ["FT_CPU_MOE_DSFP4_KERNELS"], os.environ["FT_CPU_MOE_DSFP4_AMX_MIN"]))
 
 
 def make_layer(rng: np.random.Generator, E: int, H: int, I: int) -> dict[str, np.ndarray]:
@@ -87,9 +112,8 @@ CASES = [("silu", 1), ("silu", 3), ("silu", 8)] + [(a, 3) for a in ACTIVATIONS[1
 
 
 @pytest.mark.parametrize(("act", "T"), CASES)
-@pytest.mark.parametrize("isa", TIERS)
 def test_matches_float64_reference(isa: str, act: str, T: int) -> None:
-    case = [TIERS.index(isa), ACTIVATIONS.index(act), T]
+    case = [variant_index(isa), ACTIVATIONS.index(act), T]
     rng = np.random.default_rng(case)
     H, I = SHAPES[sum(case) % len(SHAPES)]
     act_block = (32, 128)[sum(case) % 2]
@@ -106,6 +130,57 @@ def test_matches_float64_reference(isa: str, act: str, T: int) -> None:
     assert y.dtype == BF16 and y.shape == (T, H)
     ref, scale, slack = reference(banks, x, ids, w, act, act_block, **opts)
     check(y, ref, scale, slack, f"ds_fp4 {isa} act_block={act_block}")
+
+
+def test_scales_the_amx_fold_cannot_take(isa: str) -> None:
+    # The AMX kernels fold e8m0 scales into bf16 exponents for scale bytes 2..252 and run a group of
+    # 16 rows holding any other byte through the bf16 kernels. Scale byte 0 (2^-127) on a block with
+    # a -0.5 code (9) would fold to +inf; here it sits in gate rows 0-15 of expert 0 (the first group
+    # of pass 1) and in down rows 16-31 of expert 1, and y must still match the reference. Every
+    # token takes both experts: calls of 8 vectors, which the amx kernels put on tiles.
+    rng = np.random.default_rng(23)
+    E, H, I, T = 2, 96, 64, 8
+    banks = make_layer(rng, E, H, I)
+    banks["w13"][0, :16, 0] = 0x99  # codes 9, 9: -0.5, -0.5 in block 0
+    banks["w13_scale"][0, :16, 0] = 0
+    banks["w13_scale"][0, 3, 1] = 1
+    banks["w2"][1, 16:32, 16] = 0x19  # block 1 of the down rows (I = 64: 32 bytes a row)
+    banks["w2_scale"][1, 16:32, 1] = 0
+    x = (2.0 * rng.standard_normal((T, H))).astype(BF16)
+    ids = np.array([[t % 2, 1 - t % 2] for t in range(T)], np.int32)
+    w = rng.random((T, 2)).astype(np.float32)
+    y = run_layer(isa, banks, x, ids, w, E, I)
+    ref, scale, slack = reference(banks, x, ids, w, "silu", 128)
+    assert np.all(np.isfinite(ref))
+    check(y, ref, scale, slack, f"ds_fp4 {isa} scale bytes 0 and 1")
+
+
+def test_kernel_choice_errors(monkeypatch) -> None:
+    rng = np.random.default_rng(0)
+    banks = make_layer(rng, 2, 64, 32)
+
+    def add(isa: str, kernels: str) -> None:
+        monkeypatch.setenv("FT_CPU_MOE_DSFP4_KERNELS", kernels)
+        ex = fk.MoeExecutor(hidden=64, top_k=2, max_tokens=1, isa=isa)
+        ex.add_layer(0, "ds_fp4", num_experts=2, intermediate=32, banks=banks, options={"act_block": 32.0})
+
+    with pytest.raises(fk.KernelError, match=r"FT_CPU_MOE_DSFP4_KERNELS='fast' is unknown; expected auto, fp32, bf16 or amx"):
+        add("scalar", "fast")
+    for kernels in ("bf16", "amx"):
+        with pytest.raises(
+            fk.KernelError, match=rf"FT_CPU_MOE_DSFP4_KERNELS='{kernels}' needs the avx512_bf16 tier; this layer runs tier 'scalar'"
+        ):
+            add("scalar", kernels)
+    add("scalar", "fp32")
+    add("scalar", "auto")
+    if "avx512_bf16" in TIERS and not fk.cpu_amx_bf16():
+        with pytest.raises(fk.KernelError, match=r"'amx': this CPU or OS does not run AMX-BF16 tiles"):
+            add("avx512_bf16", "amx")
+    if fk.cpu_amx_bf16():
+        for bad in ("0", "9", "four"):
+            monkeypatch.setenv("FT_CPU_MOE_DSFP4_AMX_MIN", bad)
+            with pytest.raises(fk.KernelError, match=rf"FT_CPU_MOE_DSFP4_AMX_MIN='{bad}' must be an integer from 1 to 8"):
+                add("avx512_bf16", "amx")
 
 
 def identity_layer(N: int) -> dict[str, np.ndarray]:
@@ -128,7 +203,6 @@ def identity_layer(N: int) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize(("act_block", "T"), [(32, 1), (128, 1), (32, 8)])
-@pytest.mark.parametrize("isa", TIERS)
 def test_round_trips_are_bit_exact(isa: str, act_block: int, T: int) -> None:
     # With the identity-like layer, gate = xq_0 = 48 on every row (x_0 = 48 is block 0's amax, so
     # its scale is 2^-3 and 48 / 2^-3 = 384 = 1.5 * 2^8 is exact in e4m3); silu(48) = 48 exactly in
@@ -168,7 +242,6 @@ def test_round_trips_are_bit_exact(isa: str, act_block: int, T: int) -> None:
 
 
 @pytest.mark.parametrize(("act_block", "seed"), [(32, 1), (128, 2), (32, 3), (128, 4)])
-@pytest.mark.parametrize("isa", TIERS)
 def test_random_round_trips_are_bit_exact(isa: str, act_block: int, seed: int) -> None:
     # The identity-like layer of the test above over 4096 random bf16 values spread over 2^-14 .. 2^8
     # with random signs: per seed some 170 elements of x and 1000 of h are exact e4m3 midpoints after
@@ -188,14 +261,13 @@ def test_random_round_trips_are_bit_exact(isa: str, act_block: int, seed: int) -
     np.testing.assert_array_equal(y.astype(np.float32), expect)
 
 
-@pytest.mark.parametrize("isa", TIERS)
 def test_many_tokens_on_few_experts(isa: str) -> None:
     # 8 tokens x 6 routes on 2 experts: chunks of up to 8 routes per expert through the batched
     # kernels. H = 608 (19 blocks: a group of 16 and a 3-block step) and I = 160 (5 blocks; pass-1
     # units of 128 and 32 rows) hit their tails; act_block 32 and 128 alternate over the tiers.
     rng = np.random.default_rng(14)
     E, H, I = 2, 608, 160
-    act_block = (32, 128)[TIERS.index(isa) % 2]
+    act_block = (32, 128)[variant_index(isa) % 2]
     banks = make_layer(rng, E, H, I)
     x, ids, w, y = run_many_tokens_on_few_experts(
         rng,
@@ -211,7 +283,6 @@ def test_many_tokens_on_few_experts(isa: str) -> None:
     check(y, ref, scale, slack, f"ds_fp4 {isa} many tokens")
 
 
-@pytest.mark.parametrize("isa", TIERS)
 def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
     rng = np.random.default_rng(3)
     E, H, I, top_k, T = 8, 608, 544, 4, 8

@@ -44,6 +44,9 @@ Isa isa_from_name(const std::string& name, const char* what);
 Isa cpu_best_isa();
 // True on GenuineIntel CPUs (some tuning defaults differ by vendor, see executor.cpp).
 bool cpu_is_intel();
+// True when AMX-TILE and AMX-BF16 can run in this process: CPUID, the OS's XCR0 tile state and, on
+// Linux, the permission to use tile data (arch_prctl ARCH_REQ_XCOMP_PERM, asked for once here).
+bool cpu_amx_bf16();
 // Tier to use: `requested` if not empty, else $FT_CPU_MOE_ISA if set, else the best one. A request
 // above what the CPU supports raises.
 Isa resolve_isa(const std::string& requested);

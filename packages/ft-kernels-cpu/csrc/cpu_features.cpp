@@ -7,6 +7,10 @@
 #if FT_X86
 #include <cpuid.h>
 #endif
+#if FT_X86 && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace ft {
 
@@ -65,6 +69,26 @@ bool cpu_is_intel() {
   unsigned a, b, c, d;
   if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
   return b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;  // "Genu" "ineI" "ntel"
+#else
+  return false;
+#endif
+}
+
+bool cpu_amx_bf16() {
+#if FT_X86 && defined(__linux__)
+  static const bool ok = [] {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;  // OSXSAVE
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const bool amx_bf16 = d & (1u << 22), amx_tile = d & (1u << 24);
+    if (!amx_bf16 || !amx_tile) return false;
+    if ((read_xcr0() & 0x60000u) != 0x60000u) return false;  // XTILECFG and XTILEDATA state
+    // Tile data is off by default for Linux processes; without the permission the first tile
+    // instruction raises SIGILL.
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
 #else
   return false;
 #endif

@@ -70,6 +70,7 @@ PYBIND11_MODULE(_ft_kernels_cpu, m) {
         return py::make_tuple(amax, py::bytes(reinterpret_cast<const char*>(c), n));
       },
       py::arg("values"), py::arg("simd"));
+  m.def("cpu_amx_bf16", [] { return ft::cpu_amx_bf16(); });
   m.def("physical_cores", [] { return static_cast<int>(ft::physical_core_cpus().size()); });
 
   py::class_<MoeExecutor>(m, "_Executor")

@@ -3,8 +3,10 @@
 // before each GEMM, with one power-of-two scale per block of `act_block` elements (fp4_common.h,
 // fp8_round_trip): x before gate/up (prep_input), the activated intermediate before down
 // (prep_inter). The round-tripped values are q * 2^k with a 4-bit significand, exact in bf16, so the
-// avx512_bf16 tier loses nothing by holding them as bf16. Kernels: ds_fp4_kernels.cpp in the
-// avx512_bf16 tier (on Intel only with FT_CPU_MOE_DSFP4_BF16=1), else fp4_kernels.cpp.
+// avx512_bf16 tier loses nothing by holding them as bf16. Kernels (ds_fp4_kernels.h, choose_kernels):
+// in the avx512_bf16 tier, where the CPU has AMX tiles, those (ds_fp4_amx.cpp) for calls of 4 or more
+// vectors and fp4_kernels.cpp's fp32 kernels for the rest; without AMX VDPBF16PS (ds_fp4_kernels.cpp)
+// on AMD and the fp32 kernels on Intel; the fp32 kernels in the lower tiers.
 //
 // Banks (E experts, H hidden, I intermediate; H and I multiples of 32):
 //   w13        [E, 2I, H/2]  u8   gate rows 0..I-1, then up rows I..2I-1 (not interleaved)
@@ -56,7 +58,9 @@ class DsFp4Format final : public MoeFormat {
     const int H = p_.hidden;
     const size_t stride = vec_bytes(H);
     xprep_.resize(stride * in.num_tokens);
-    for (int t = 0; t < in.num_tokens; ++t) round_trip_prep(in.x_f32 + static_cast<size_t>(t) * H, 0, H, xprep_.data() + t * stride);
+    for (int t = 0; t < in.num_tokens; ++t) {
+      round_trip_prep(in.x_f32 + static_cast<size_t>(t) * H, H, 0, H, xprep_.data() + t * stride);
+    }
   }
 
   void gate_up(const TaskInput& /*in*/, int e, int t, int i0, int i1, float in_scale, float* gate,
@@ -95,7 +99,7 @@ class DsFp4Format final : public MoeFormat {
   size_t inter_prep_bytes() const override { return vec_bytes(p_.intermediate); }
 
   void prep_inter(const float* h, int i0, int i1, void* prepped) const override {
-    round_trip_prep(h + i0, i0, i1, prepped);
+    round_trip_prep(h + i0, p_.intermediate, i0, i1, prepped);
   }
 
   void down_rows(int e, int h0, int h1, const RouteRef* routes, int n, float* out, int stride) const override {
@@ -107,11 +111,15 @@ class DsFp4Format final : public MoeFormat {
   }
 
  private:
-  // The kernels of the tier: ds_fp4's own bf16 kernels or the shared FP4 ones (ds_fp4_kernels.h).
-  size_t vec_bytes(int K) const { return bf16_ ? dsfp4::vec_bytes(K) : fp4::vec_bytes(p_.isa, K); }
-  // The fp8 round trip of elements [i0, i1), given as v[i - i0], into the prepared vector `out`.
-  void round_trip_prep(const float* v, int i0, int i1, void* out) const {
-    if (bf16_) {
+  // Bytes of a prepared vector of K elements: the fp32 kernels' layout, the bf16 one, or (amx) both,
+  // the fp32 one first.
+  size_t fp32_bytes(int K) const { return kernels_ == dsfp4::Kernels::bf16 ? 0 : fp4::vec_bytes(p_.isa, K); }
+  size_t bf16_bytes(int K) const { return kernels_ == dsfp4::Kernels::fp32 ? 0 : dsfp4::vec_bytes(K); }
+  size_t vec_bytes(int K) const { return fp32_bytes(K) + bf16_bytes(K); }
+  // The fp8 round trip of elements [i0, i1) of a vector of K, given as v[i - i0], into the prepared
+  // vector `out`.
+  void round_trip_prep(const float* v, int K, int i0, int i1, void* out) const {
+    if (kernels_ == dsfp4::Kernels::bf16) {
       dsfp4::fp8_prep_vec(v, i0, i1, act_block_, out);
       return;
     }
@@ -120,12 +128,17 @@ class DsFp4Format final : public MoeFormat {
       const int n = std::min(kPrepRows, i1 - g);
       dsfp4::fp8_round_trip(p_.isa, v + (g - i0), n, act_block_, q);
       fp4::prep_vec(p_.isa, q, g, g + n, out);
+      if (kernels_ == dsfp4::Kernels::amx) dsfp4::bf16_layout(q, g, g + n, static_cast<char*>(out) + fp32_bytes(K));
     }
   }
   // out[j * os + r] = W[r] . xs[j], j < n.
   void dot_rows(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K, float* out,
                 int os) const {
-    if (bf16_) {
+    if (kernels_ == dsfp4::Kernels::amx && n >= amx_min_) {
+      const void* xb[kMaxTokensPerCall];
+      for (int j = 0; j < n; ++j) xb[j] = static_cast<const char*>(xs[j]) + fp32_bytes(K);
+      dsfp4::amx_dot_rows_multi(W, S, nrows, xb, n, K, out, os, pf_);
+    } else if (kernels_ == dsfp4::Kernels::bf16) {
       dsfp4::dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_);
     } else {
       fp4::dot_rows_multi(p_.isa, W, S, nrows, xs, n, K, out, os, pf_);
@@ -137,7 +150,8 @@ class DsFp4Format final : public MoeFormat {
 
   MoeParams p_;
   int pf_ = fp4::prefetch_distance(p_.prefetch, p_.prefetch_explicit);  // after p_ (declaration order)
-  bool bf16_ = dsfp4::use_bf16_kernels(p_.isa);
+  dsfp4::Kernels kernels_ = dsfp4::choose_kernels(p_.isa);
+  int amx_min_ = kernels_ == dsfp4::Kernels::amx ? dsfp4::amx_min_vectors() : 0;
   int act_block_ = 128;
   const uint8_t* w13_;
   const uint8_t* s13_;

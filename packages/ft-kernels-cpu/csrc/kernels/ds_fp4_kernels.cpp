@@ -157,8 +157,23 @@ void fp8_round_trip(Isa isa, const float* v, int n, int block, float* q) {
   fp4::fp8_round_trip(v, n, block, q);
 }
 
-void fp8_prep_vec(const float* v, int i0, int i1, int block, void* out) {
+void bf16_layout(const float* q, int i0, int i1, void* out) {
   uint16_t* o = static_cast<uint16_t*>(out);
+  for (int g = i0; g < i1; g += 128) {
+    const int n = std::min(128, i1 - g);
+    // The round-tripped values are exact in bf16: the top half of the fp32 bits.
+    for (int j = 0; j < 4; ++j) {
+      for (int k = 0; k < 32; ++k) {
+        const int e = 4 * k + j;
+        uint32_t bits = 0;
+        if (e < n) std::memcpy(&bits, q + (g - i0) + e, sizeof bits);
+        o[g + 32 * j + k] = static_cast<uint16_t>(bits >> 16);
+      }
+    }
+  }
+}
+
+void fp8_prep_vec(const float* v, int i0, int i1, int block, void* out) {
   alignas(64) float q[128];
   for (int g = i0; g < i1; g += 128) {
     const int n = std::min(128, i1 - g);
@@ -167,28 +182,50 @@ void fp8_prep_vec(const float* v, int i0, int i1, int block, void* out) {
 #else
     fp4::fp8_round_trip(v + (g - i0), n, block, q);
 #endif
-    // The round-tripped values are exact in bf16: the top half of the fp32 bits.
-    for (int j = 0; j < 4; ++j) {
-      for (int k = 0; k < 32; ++k) {
-        const int e = 4 * k + j;
-        uint32_t bits = 0;
-        if (e < n) std::memcpy(&bits, q + e, sizeof bits);
-        o[g + 32 * j + k] = static_cast<uint16_t>(bits >> 16);
-      }
-    }
+    bf16_layout(q, g, g + n, out);
   }
 }
 
-bool use_bf16_kernels(Isa isa) {
-  if (isa != Isa::avx512_bf16) return false;
-  static const bool ok = [] {
-    if (!cpu_is_intel()) return true;
-    const char* e = std::getenv("FT_CPU_MOE_DSFP4_BF16");
-    if (e == nullptr || *e == '\0' || std::strcmp(e, "0") == 0) return false;
-    if (std::strcmp(e, "1") == 0) return true;
-    throw Error(std::string("FT_CPU_MOE_DSFP4_BF16='") + e + "' is unknown; expected 0 or 1");
-  }();
-  return ok;
+const char* kernels_name(Kernels k) {
+  switch (k) {
+    case Kernels::bf16: return "bf16";
+    case Kernels::amx: return "amx";
+    default: return "fp32";
+  }
+}
+
+Kernels choose_kernels(Isa isa) {
+  const char* e = std::getenv("FT_CPU_MOE_DSFP4_KERNELS");
+  const std::string v = e ? e : "";
+  const bool top = isa == Isa::avx512_bf16;
+  if (v.empty() || v == "auto") {
+    if (!top) return Kernels::fp32;
+    if (cpu_amx_bf16()) return Kernels::amx;
+    return cpu_is_intel() ? Kernels::fp32 : Kernels::bf16;
+  }
+  if (v == "fp32") return Kernels::fp32;
+  if (v != "bf16" && v != "amx") {
+    throw Error("FT_CPU_MOE_DSFP4_KERNELS='" + v + "' is unknown; expected auto, fp32, bf16 or amx");
+  }
+  if (!top) {
+    throw Error("FT_CPU_MOE_DSFP4_KERNELS='" + v + "' needs the avx512_bf16 tier; this layer runs tier '" +
+                isa_name(isa) + "'");
+  }
+  if (v == "amx" && !cpu_amx_bf16()) {
+    throw Error("FT_CPU_MOE_DSFP4_KERNELS='amx': this CPU or OS does not run AMX-BF16 tiles");
+  }
+  return v == "amx" ? Kernels::amx : Kernels::bf16;
+}
+
+int amx_min_vectors() {
+  const char* e = std::getenv("FT_CPU_MOE_DSFP4_AMX_MIN");
+  if (e == nullptr || *e == '\0') return 4;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  if (*end != '\0' || v < 1 || v > 8) {
+    throw Error(std::string("FT_CPU_MOE_DSFP4_AMX_MIN='") + e + "' must be an integer from 1 to 8 (vectors per call)");
+  }
+  return static_cast<int>(v);
 }
 
 size_t vec_bytes(int K) { return (static_cast<size_t>(K) + 127) / 128 * 128 * sizeof(uint16_t); }

@@ -14,9 +14,24 @@
 namespace ft {
 namespace dsfp4 {
 
-// True when the tier runs these kernels: avx512_bf16 on AMD, and on Intel only with
-// FT_CPU_MOE_DSFP4_BF16=1 (Intel keeps fp4_kernels.cpp's fp32 kernels until measured there).
-bool use_bf16_kernels(Isa isa);
+// The row kernels of a ds_fp4 layer.
+//   fp32  fp4_kernels.cpp's kernels (fp4_common.h's prepared vectors): every tier.
+//   bf16  dot_rows_multi below (VDPBF16PS): avx512_bf16.
+//   amx   amx_dot_rows_multi below (AMX-BF16 tiles) for calls of at least amx_min_vectors() vectors,
+//         fp32 for the others (prepared vectors in both layouts): avx512_bf16 on a CPU with AMX-BF16.
+enum class Kernels { fp32, bf16, amx };
+const char* kernels_name(Kernels k);
+// $FT_CPU_MOE_DSFP4_KERNELS (auto, fp32, bf16 or amx), read when a layer is made; auto or unset is
+// fp32 below avx512_bf16, and in it amx where the CPU has AMX-BF16, else bf16 on AMD and fp32 on
+// Intel (where VDPBF16PS was measured slower for ds_fp4). Asking for kernels the tier or the CPU
+// cannot run raises.
+Kernels choose_kernels(Isa isa);
+// Vectors per call from which the amx kernels use tiles: $FT_CPU_MOE_DSFP4_AMX_MIN (1..8; default 4),
+// read when a layer is made.
+int amx_min_vectors();
+// The layout of the bf16 and AMX kernels (below) of round-tripped values q[0, i1 - i0) for elements
+// [i0, i1), i0 a multiple of 128, i1 a multiple of 128 or the end of the vector.
+void bf16_layout(const float* q, int i0, int i1, void* out);
 
 size_t vec_bytes(int K);
 // fp4_common.h's fp8_round_trip, bit for bit, in AVX-512 code for the avx512 tiers (blocks of
@@ -33,6 +48,10 @@ void fp8_prep_vec(const float* v, int i0, int i1, int block, void* out);
 // e8m0 per 32), each weight step decoded once for all n vectors. `prefetch`: bytes ahead (0: off).
 void dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K, float* out,
                     int os, int prefetch);
+// The same on AMX tiles (ds_fp4_amx.cpp), same prepared vectors: groups of 16 rows, the rows past the
+// last whole group (and a group holding a scale byte outside [2, 252]) by dot_rows_multi.
+void amx_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
+                        float* out, int os, int prefetch);
 
 }  // namespace dsfp4
 }  // namespace ft

@@ -39,6 +39,13 @@ def isa() -> str:
     return _native.resolve_isa("")
 
 
+def cpu_amx_bf16() -> bool:
+    """Whether this process can run AMX-BF16 tiles (CPU, OS state and, on Linux, the permission to
+    use tile data, requested on the first call). ds_fp4 layers of the avx512_bf16 tier run on them
+    when it can ($FT_CPU_MOE_DSFP4_KERNELS, README)."""
+    return bool(_native.cpu_amx_bf16())
+
+
 def physical_cores() -> int:
     """Physical cores this process may run on (one logical CPU counted per core)."""
     return _native.physical_cores()
@@ -54,6 +61,7 @@ __all__ = [
     "CAPSULE_NAME",
     "KernelError",
     "MoeExecutor",
+    "cpu_amx_bf16",
     "get_include",
     "isa",
     "isa_tiers",

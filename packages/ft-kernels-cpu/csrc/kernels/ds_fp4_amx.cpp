@@ -1,0 +1,303 @@
+// ds_fp4 row kernels on AMX tiles (ds_fp4_kernels.h): AMX-BF16 TDPBF16PS, the e2m1 codes decoded
+// to bf16 with AVX-512.
+//
+// A group is 16 weight rows. For each step of 128 elements (64 bytes of a row) every row is decoded
+// as the bf16 kernels do (3 VPSRLW + 4 VPERMW: vector j, word m = element 4m + j of the step), with
+// the row's e8m0 scales folded into the bf16 exponents, and the 4 vectors go to 4 A tiles (16 rows x
+// 32 bf16). x is the prepared vector of those kernels, so tile B of vector j is its 32 words as 16
+// pairs: one token reads them in place (a column of 4 bytes a row), 2..8 tokens side by side, copied
+// into pairs of 8 tokens (a column of 32 bytes). C_j (16 rows x tokens, fp32) takes TDPBF16PS(A_j,
+// B_j) for every step; the four C tiles are added once per group. The vector work of a row step is
+// 12 operations (3 shifts, 5 VPERMW, 4 VPSUBUSW) for any number of tokens up to 8, against ~25 for
+// the fp32 kernels plus 9 per extra vector; what costs here is the tiles. On the GPU machine's Xeon
+// one core ran a step from L3 at 3.9 GB/s of weights (the fp32 kernels 9-10): 5.6 with the decoding
+// left out and 10.7 with the tile instructions left out, so the tile loads and TDPBF16PS (~500
+// cycles per 16 rows and step) bound it, for any number of tokens. Hence ds_fp4.cpp uses these for
+// calls of 4 or more vectors only (batch 8 sharing its experts: 2x faster than the fp32 kernels).
+//
+// Scales folded exactly: the lookup table holds bf16(v) + 125 * 2^7 (v != 0; 0 for both zero codes),
+// and a block of scale byte s subtracts (252 - s) * 2^7, unsigned and saturating: the exponent field
+// becomes that of v * 2^(s - 127), and a zero code stays 0. That is exact for s in [2, 252] (the
+// value stays a normal bf16); a group of rows with any other scale byte runs the bf16 kernels. The
+// products are exact (4 significant bits of x times 2 of w), so only the fp32 sums differ from
+// the fp32 kernels: C adds pairs of products in an order of its own, as VDPBF16PS does. AMX reads
+// bf16 denormals as zero; x and the folded weights here are normal or zero.
+#include <algorithm>
+#include <cstring>
+
+#include "ds_fp4_kernels.h"
+#include "fp4_avx512.h"
+#include "fp4_common.h"
+#include "stream_prefetch.h"
+
+namespace ft {
+namespace dsfp4 {
+
+#if FT_X86
+
+namespace {
+
+constexpr int kGroup = 16;  // weight rows per A tile
+constexpr int kWide = 8;    // tokens per B row when more than one (pairs of bf16, zero-padded)
+
+// The tile instructions, written out: GCC's intrinsics for TILELOADD carry no memory clobber, so
+// the compiler could sink or drop the stores of the A tiles that the load reads.
+template <int T>
+inline void tile_load(const void* base, long stride) {
+  asm volatile("tileloadd (%0,%1,1), %%tmm%c2" ::"r"(base), "r"(stride), "i"(T) : "memory");
+}
+template <int T>
+inline void tile_store(void* base, long stride) {
+  asm volatile("tilestored %%tmm%c2, (%0,%1,1)" ::"r"(base), "r"(stride), "i"(T) : "memory");
+}
+template <int T>
+inline void tile_zero() {
+  asm volatile("tilezero %%tmm%c0" ::"i"(T));
+}
+template <int C, int A, int B>
+inline void tile_dp() {
+  asm volatile("tdpbf16ps %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"i"(C), "i"(A), "i"(B));
+}
+inline void tile_release() { asm volatile("tilerelease" ::: "memory"); }
+
+// Tiles: 0..3 the C of vectors j = 0..3, 4 and 5 A (alternating), 6 and 7 B (alternating).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64, "LDTILECFG reads 64 bytes");
+
+inline void load_config(int cols) {  // cols: tokens per B row (1 or kWide)
+  TileConfig c;
+  for (int t = 0; t < 8; ++t) {
+    c.rows[t] = 16;
+    c.colsb[t] = static_cast<uint16_t>(t == 4 || t == 5 ? 64 : 4 * cols);
+  }
+  asm volatile("ldtilecfg %0" ::"m"(c));
+}
+
+// (252 - s) * 2^7 for the scales of 16 rows, a row of nbp words each (nbp a multiple of 32, zeros
+// past nb). False if a scale byte is outside [2, 252].
+FT_TARGET_AVX512_BF16 bool fold_scales(const uint8_t* S, int nb, int nbp, uint16_t* d) {
+  __m256i lo = _mm256_set1_epi8(static_cast<char>(0x80)), hi = lo;
+  for (int r = 0; r < kGroup; ++r) {
+    const uint8_t* s = S + static_cast<size_t>(r) * nb;
+    for (int b = 0; b < nbp; b += 32) {
+      const int m = std::min(32, nb - b);
+      const __mmask32 k = m >= 32 ? ~0u : m > 0 ? (1u << m) - 1u : 0u;
+      // Bytes past nb read as 252: in range, and a subtrahend of 0 against the zero codes there.
+      const __m256i v = _mm256_mask_loadu_epi8(_mm256_set1_epi8(static_cast<char>(252)), k, s + b);
+      lo = _mm256_min_epu8(lo, v);
+      hi = _mm256_max_epu8(hi, v);
+      const __m512i w = _mm512_sub_epi16(_mm512_set1_epi16(252), _mm512_cvtepu8_epi16(v));
+      _mm512_storeu_si512(d + static_cast<size_t>(r) * nbp + b, _mm512_slli_epi16(w, 7));
+    }
+  }
+  const bool low_ok = _mm256_cmplt_epu8_mask(lo, _mm256_set1_epi8(2)) == 0;
+  const bool high_ok = _mm256_cmpgt_epu8_mask(hi, _mm256_set1_epi8(static_cast<char>(252))) == 0;
+  return low_ok && high_ok;
+}
+
+// Tile B of step c, vector j, for 2..8 tokens: word pairs (2k, 2k+1) of each token side by side, 8
+// tokens a row (absent tokens 0). out: 16 rows x 8 dwords per (c, j), (c, j) in order.
+FT_TARGET_AVX512_BF16 void pack_tokens(const void* const* xs, int n, int steps, uint32_t* out) {
+  const __m512i zero = _mm512_setzero_si512();
+  for (int cj = 0; cj < 4 * steps; ++cj) {
+    __m512i a[kWide];
+    for (int t = 0; t < kWide; ++t) {
+      a[t] = t < n ? _mm512_loadu_si512(static_cast<const uint32_t*>(xs[t]) + 16 * cj) : zero;
+    }
+    // 8 x 16 dwords -> 16 x 8: dword pairs, then qwords, then 128-bit lanes.
+    __m512i p[8], q[8];
+    for (int t = 0; t < 8; t += 2) {
+      p[t] = _mm512_unpacklo_epi32(a[t], a[t + 1]);      // lane l: t[4l] t+1[4l] t[4l+1] t+1[4l+1]
+      p[t + 1] = _mm512_unpackhi_epi32(a[t], a[t + 1]);  // lane l: ... 4l+2, 4l+3
+    }
+    for (int h = 0; h < 2; ++h) {  // tokens 4h .. 4h+3
+      const __m512i* u = p + 4 * h;
+      q[4 * h + 0] = _mm512_unpacklo_epi64(u[0], u[2]);  // lane l: tokens 4h..4h+3 at k = 4l
+      q[4 * h + 1] = _mm512_unpackhi_epi64(u[0], u[2]);  // k = 4l + 1
+      q[4 * h + 2] = _mm512_unpacklo_epi64(u[1], u[3]);  // k = 4l + 2
+      q[4 * h + 3] = _mm512_unpackhi_epi64(u[1], u[3]);  // k = 4l + 3
+    }
+    // Row k = 4l + s is lane l of q[s] (tokens 0-3) then of q[4 + s] (tokens 4-7); output vector
+    // o (rows 2o, 2o + 1) takes k = 4l + s, 4l + s + 1 with l = o / 2, s = 2 (o % 2).
+    uint32_t* dst = out + static_cast<size_t>(cj) * 16 * kWide;
+    for (int s = 0; s < 4; s += 2) {
+      // For l = 0..3: [q[s] lane l, q[4+s] lane l, q[s+1] lane l, q[5+s] lane l].
+      const __m512i x0 = _mm512_shuffle_i32x4(q[s], q[4 + s], 0x44);          // s:l0 l1, 4+s:l0 l1
+      const __m512i x1 = _mm512_shuffle_i32x4(q[s], q[4 + s], 0xee);          // l2 l3
+      const __m512i y0 = _mm512_shuffle_i32x4(q[s + 1], q[5 + s], 0x44);
+      const __m512i y1 = _mm512_shuffle_i32x4(q[s + 1], q[5 + s], 0xee);
+      // x0 = [s l0, s l1, 4+s l0, 4+s l1], y0 likewise for s+1.
+      const __m512i o0 = _mm512_shuffle_i32x4(x0, y0, 0x88);  // [s l0, 4+s l0, s+1 l0, 5+s l0]
+      const __m512i o1 = _mm512_shuffle_i32x4(x0, y0, 0xdd);  // l1
+      const __m512i o2 = _mm512_shuffle_i32x4(x1, y1, 0x88);  // l2
+      const __m512i o3 = _mm512_shuffle_i32x4(x1, y1, 0xdd);  // l3
+      // l selects rows 4l + s, 4l + s + 1: output vector 2l + s / 2.
+      _mm512_storeu_si512(dst + 16 * (0 + s / 2), o0);
+      _mm512_storeu_si512(dst + 16 * (2 + s / 2), o1);
+      _mm512_storeu_si512(dst + 16 * (4 + s / 2), o2);
+      _mm512_storeu_si512(dst + 16 * (6 + s / 2), o3);
+    }
+  }
+}
+
+struct Scratch {
+  AlignedBuffer<uint16_t> fold;   // kGroup rows of folded scales
+  AlignedBuffer<uint32_t> b;      // packed B tiles (2..8 tokens)
+  AlignedBuffer<uint16_t> a;      // two sets of 4 A tiles
+};
+
+// Rows [0, 16 * groups) of the call: C_j += A_j(step) x B_j(step) over the steps of each group.
+FT_TARGET_AVX512_BF16 void amx_groups(const uint8_t* W, const uint8_t* S, int groups, const void* const* xs, int n,
+                                      int K, float* out, int os, int prefetch, Scratch& sc) {
+  const int nb = K / 32, steps = (nb + 3) / 4, nbp = (nb + 31) / 32 * 32;
+  const size_t R = static_cast<size_t>(K) / 2;  // bytes per row
+  const int cols = n == 1 ? 1 : kWide;
+  const char* bbase;
+  long bstride;
+  size_t bstep;  // bytes between the B tiles of consecutive (step, vector)
+  if (n == 1) {
+    bbase = static_cast<const char*>(xs[0]);
+    bstride = 4;
+    bstep = 64;
+  } else {
+    sc.b.resize(static_cast<size_t>(steps) * 4 * 16 * kWide);
+    pack_tokens(xs, n, steps, sc.b.data());
+    bbase = reinterpret_cast<const char*>(sc.b.data());
+    bstride = 4 * kWide;
+    bstep = 16 * 4 * kWide;
+  }
+  sc.fold.resize(static_cast<size_t>(kGroup) * nbp + 32);
+  sc.a.resize(2 * 4 * kGroup * 32);
+  uint16_t* fold = sc.fold.data();
+
+  alignas(64) uint16_t table[32];
+  for (int i = 0; i < 32; ++i) {
+    const float v = fp4::kE2m1[i & 15];
+    table[i] = v == 0.f ? 0 : static_cast<uint16_t>(f32_to_bf16(v) + (125u << 7));
+  }
+  const __m512i lut = _mm512_load_si512(table);
+  const __m512i spread = _mm512_srli_epi16(
+      _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8,
+                       7, 6, 5, 4, 3, 2, 1, 0),
+      3);  // word m <- folded scale m / 8 (block m / 8 of the step)
+
+  // Prefetch by columns (one step of the 16 rows of a group), `ahead` columns ahead of the one read.
+  const int ahead = prefetch > 0 ? std::max(1, prefetch / (kGroup * 64)) : 0;
+  const long columns = static_cast<long>(groups) * steps;
+  auto prefetch_column = [&](long col) {
+    if (col >= columns) return;
+    const long g = col / steps, c = col % steps;
+    const char* p = reinterpret_cast<const char*>(W) + static_cast<size_t>(g) * kGroup * R + 64 * c;
+    for (int r = 0; r < kGroup; ++r) prefetch_line<PrefetchHint::L2>(p + r * R);
+  };
+  for (long col = 0; col < ahead; ++col) prefetch_column(col);
+
+  load_config(cols);
+  alignas(64) float cbuf[4][kGroup * kWide];
+  for (int g = 0; g < groups; ++g) {
+    const uint8_t* Wg = W + static_cast<size_t>(g) * kGroup * R;
+    const uint8_t* Sg = S + static_cast<size_t>(g) * kGroup * nb;
+    float* og = out + g * kGroup;
+    if (prefetch > 0 && g + 1 < groups) {
+      const char* ns = reinterpret_cast<const char*>(Sg + static_cast<size_t>(kGroup) * nb);
+      for (int o = 0; o < kGroup * nb; o += 64) prefetch_line<PrefetchHint::L2>(ns + o);
+    }
+    if (!fold_scales(Sg, nb, nbp, fold)) {
+      // A scale the fold cannot take: these 16 rows run the bf16 kernels (same prepared x).
+      dot_rows_multi(Wg, Sg, kGroup, xs, n, K, og, os, 0);
+      continue;
+    }
+    tile_zero<0>();
+    tile_zero<1>();
+    tile_zero<2>();
+    tile_zero<3>();
+    for (int c = 0; c < steps; ++c) {
+      if (ahead) prefetch_column(static_cast<long>(g) * steps + c + ahead);
+      const int blocks = std::min(4, nb - 4 * c);
+      uint16_t* ab = sc.a.data() + (c & 1) * 4 * kGroup * 32;
+      for (int r = 0; r < kGroup; ++r) {
+        const __m512i wv = fp4::load_blocks(Wg + r * R + 64 * c, blocks);
+        const __m512i d = _mm512_permutexvar_epi16(
+            spread, _mm512_castsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(fold + r * nbp + 4 * c))));
+        const __m512i v0 = _mm512_subs_epu16(_mm512_permutexvar_epi16(wv, lut), d);
+        const __m512i v1 = _mm512_subs_epu16(_mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 4), lut), d);
+        const __m512i v2 = _mm512_subs_epu16(_mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 8), lut), d);
+        const __m512i v3 = _mm512_subs_epu16(_mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 12), lut), d);
+        _mm512_store_si512(ab + 0 * kGroup * 32 + r * 32, v0);
+        _mm512_store_si512(ab + 1 * kGroup * 32 + r * 32, v1);
+        _mm512_store_si512(ab + 2 * kGroup * 32 + r * 32, v2);
+        _mm512_store_si512(ab + 3 * kGroup * 32 + r * 32, v3);
+      }
+      const char* bc = bbase + static_cast<size_t>(4 * c) * bstep;
+      tile_load<4>(ab + 0 * kGroup * 32, 64);
+      tile_load<6>(bc, bstride);
+      tile_dp<0, 4, 6>();
+      tile_load<5>(ab + 1 * kGroup * 32, 64);
+      tile_load<7>(bc + bstep, bstride);
+      tile_dp<1, 5, 7>();
+      tile_load<4>(ab + 2 * kGroup * 32, 64);
+      tile_load<6>(bc + 2 * bstep, bstride);
+      tile_dp<2, 4, 6>();
+      tile_load<5>(ab + 3 * kGroup * 32, 64);
+      tile_load<7>(bc + 3 * bstep, bstride);
+      tile_dp<3, 5, 7>();
+    }
+    const long cs = 4L * cols;
+    tile_store<0>(cbuf[0], cs);
+    tile_store<1>(cbuf[1], cs);
+    tile_store<2>(cbuf[2], cs);
+    tile_store<3>(cbuf[3], cs);
+    if (n == 1) {
+      const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(cbuf[0]), _mm512_load_ps(cbuf[1])),
+                                     _mm512_add_ps(_mm512_load_ps(cbuf[2]), _mm512_load_ps(cbuf[3])));
+      _mm512_storeu_ps(og, s);
+    } else {
+      // cbuf[q][r * 8 + t]: row r, token t.
+      for (int i = 0; i < kGroup * kWide; i += 16) {
+        const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(cbuf[0] + i), _mm512_load_ps(cbuf[1] + i)),
+                                       _mm512_add_ps(_mm512_load_ps(cbuf[2] + i), _mm512_load_ps(cbuf[3] + i)));
+        _mm512_store_ps(cbuf[0] + i, s);
+      }
+      const __m512i rows = _mm512_mullo_epi32(
+          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(kWide));
+      for (int t = 0; t < n; ++t) {
+        const __m512 v = _mm512_i32gather_ps(_mm512_add_epi32(rows, _mm512_set1_epi32(t)), cbuf[0], 4);
+        _mm512_storeu_ps(og + static_cast<size_t>(t) * os, v);
+      }
+    }
+  }
+  tile_release();
+}
+
+}  // namespace
+
+void amx_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
+                        float* out, int os, int prefetch) {
+  if (nrows <= 0 || n <= 0) return;
+  n = std::min(n, kWide);
+  thread_local Scratch scratch;
+  const int groups = nrows / kGroup;
+  if (groups > 0) amx_groups(W, S, groups, xs, n, K, out, os, prefetch, scratch);
+  const int done = groups * kGroup;
+  if (done < nrows) {
+    dot_rows_multi(W + static_cast<size_t>(done) * (K / 2), S + static_cast<size_t>(done) * (K / 32), nrows - done,
+                   xs, n, K, out + done, os, prefetch);
+  }
+}
+
+#else
+
+void amx_dot_rows_multi(const uint8_t*, const uint8_t*, int, const void* const*, int, int, float*, int, int) {
+  throw Error("ds_fp4 AMX kernels need x86");
+}
+
+#endif  // FT_X86
+
+}  // namespace dsfp4
+}  // namespace ft
