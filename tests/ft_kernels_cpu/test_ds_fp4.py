@@ -40,7 +40,8 @@ def isa(request, monkeypatch) -> str:
 
 def variant_index(isa: str) -> int:
     """A number per variant (seeds and shapes differ between variants)."""
-    return VARIANTS.index((isa, os.environ["FT_CPU_MOE_DSFP4_KERNELS"], os.environ["FT_CPU_MOE_DSFP4_AMX_MIN"]))
+    env = os.environ
+    return VARIANTS.index((isa, env["FT_CPU_MOE_DSFP4_KERNELS"], env["FT_CPU_MOE_DSFP4_AMX_MIN"]))
 
 
 def make_layer(rng: np.random.Generator, E: int, H: int, I: int) -> dict[str, np.ndarray]:
@@ -164,12 +165,15 @@ def test_kernel_choice_errors(monkeypatch) -> None:
         ex = fk.MoeExecutor(hidden=64, top_k=2, max_tokens=1, isa=isa)
         ex.add_layer(0, "ds_fp4", num_experts=2, intermediate=32, banks=banks, options={"act_block": 32.0})
 
-    with pytest.raises(fk.KernelError, match=r"FT_CPU_MOE_DSFP4_KERNELS='fast' is unknown; expected auto, fp32, bf16 or amx"):
+    unknown = r"FT_CPU_MOE_DSFP4_KERNELS='fast' is unknown; expected auto, fp32, bf16 or amx"
+    with pytest.raises(fk.KernelError, match=unknown):
         add("scalar", "fast")
     for kernels in ("bf16", "amx"):
-        with pytest.raises(
-            fk.KernelError, match=rf"FT_CPU_MOE_DSFP4_KERNELS='{kernels}' needs the avx512_bf16 tier; this layer runs tier 'scalar'"
-        ):
+        tier = (
+            rf"FT_CPU_MOE_DSFP4_KERNELS='{kernels}' needs the avx512_bf16 tier; "
+            r"this layer runs tier 'scalar'"
+        )
+        with pytest.raises(fk.KernelError, match=tier):
             add("scalar", kernels)
     add("scalar", "fp32")
     add("scalar", "auto")
@@ -179,7 +183,8 @@ def test_kernel_choice_errors(monkeypatch) -> None:
     if fk.cpu_amx_bf16():
         for bad in ("0", "9", "four"):
             monkeypatch.setenv("FT_CPU_MOE_DSFP4_AMX_MIN", bad)
-            with pytest.raises(fk.KernelError, match=rf"FT_CPU_MOE_DSFP4_AMX_MIN='{bad}' must be an integer from 1 to 8"):
+            message = rf"FT_CPU_MOE_DSFP4_AMX_MIN='{bad}' must be an integer from 1 to 8"
+            with pytest.raises(fk.KernelError, match=message):
                 add("avx512_bf16", "amx")
 
 
