@@ -55,9 +55,6 @@ class DsFp4Format final : public MoeFormat {
   int pass2_rows() const override { return kPass2Rows; }
 
   void prep_input(const TaskInput& in) override {
-    // A call holds at most the run's tokens: below amx_min_ no call uses the tiles, so the bf16
-    // layout is left out of this run's x and h.
-    tiles_ = kernels_ == dsfp4::Kernels::amx && in.num_tokens >= amx_min_;
     const int H = p_.hidden;
     const size_t stride = vec_bytes(H);
     xprep_.resize(stride * in.num_tokens);
@@ -131,7 +128,7 @@ class DsFp4Format final : public MoeFormat {
       const int n = std::min(kPrepRows, i1 - g);
       dsfp4::fp8_round_trip(p_.isa, v + (g - i0), n, act_block_, q);
       fp4::prep_vec(p_.isa, q, g, g + n, out);
-      if (tiles_) dsfp4::bf16_layout(q, g, g + n, static_cast<char*>(out) + fp32_bytes(K));
+      if (kernels_ == dsfp4::Kernels::amx) dsfp4::bf16_layout(q, g, g + n, static_cast<char*>(out) + fp32_bytes(K));
     }
   }
   // out[j * os + r] = W[r] . xs[j], j < n.
@@ -155,7 +152,6 @@ class DsFp4Format final : public MoeFormat {
   int pf_ = fp4::prefetch_distance(p_.prefetch, p_.prefetch_explicit);  // after p_ (declaration order)
   dsfp4::Kernels kernels_ = dsfp4::choose_kernels(p_.isa);
   int amx_min_ = kernels_ == dsfp4::Kernels::amx ? dsfp4::amx_min_vectors() : 0;
-  bool tiles_ = false;  // this run may put calls on tiles (set by prep_input)
   int act_block_ = 128;
   const uint8_t* w13_;
   const uint8_t* s13_;
