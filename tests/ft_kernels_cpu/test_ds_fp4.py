@@ -18,7 +18,7 @@ from helpers.fp4_reference import dequant_fp4, fp8_round_trip, random_fp4, rando
 from helpers.moe_reference import ACTIVATIONS, BF16, activation, random_inputs, random_routes
 
 TIERS = fk.isa_tiers()
-# (tier, FT_CPU_MOE_DSFP4_KERNELS, FT_CPU_MOE_DSFP4_AMX_MIN): each tier's default kernels, and in
+# (tier, FT_CPU_MOE_DSFP4_KERNELS, FT_CPU_MOE_AMX_MIN): each tier's default kernels, and in
 # avx512_bf16 each of its kernels by name; where this CPU runs AMX-BF16 tiles the amx kernels as they
 # are (tiles for calls of 4+ vectors, fp32 kernels below) and with tiles for every call.
 VARIANTS = [(t, "auto", "") for t in TIERS if t != "avx512_bf16"]
@@ -34,14 +34,14 @@ def isa(request, monkeypatch) -> str:
     """The tier of a test, with the kernels of the variant chosen through the environment."""
     tier, kernels, amx_min = request.param
     monkeypatch.setenv("FT_CPU_MOE_DSFP4_KERNELS", kernels)
-    monkeypatch.setenv("FT_CPU_MOE_DSFP4_AMX_MIN", amx_min)
+    monkeypatch.setenv("FT_CPU_MOE_AMX_MIN", amx_min)
     return tier
 
 
 def variant_index(isa: str) -> int:
     """A number per variant (seeds and shapes differ between variants)."""
     env = os.environ
-    return VARIANTS.index((isa, env["FT_CPU_MOE_DSFP4_KERNELS"], env["FT_CPU_MOE_DSFP4_AMX_MIN"]))
+    return VARIANTS.index((isa, env["FT_CPU_MOE_DSFP4_KERNELS"], env["FT_CPU_MOE_AMX_MIN"]))
 
 
 def make_layer(rng: np.random.Generator, E: int, H: int, I: int) -> dict[str, np.ndarray]:
@@ -182,8 +182,8 @@ def test_kernel_choice_errors(monkeypatch) -> None:
             add("avx512_bf16", "amx")
     if fk.cpu_amx_bf16():
         for bad in ("0", "9", "four"):
-            monkeypatch.setenv("FT_CPU_MOE_DSFP4_AMX_MIN", bad)
-            message = rf"FT_CPU_MOE_DSFP4_AMX_MIN='{bad}' must be an integer from 1 to 8"
+            monkeypatch.setenv("FT_CPU_MOE_AMX_MIN", bad)
+            message = rf"FT_CPU_MOE_AMX_MIN='{bad}' must be an integer from 1 to 8"
             with pytest.raises(fk.KernelError, match=message):
                 add("avx512_bf16", "amx")
 

@@ -19,6 +19,24 @@ from helpers.fp4_reference import random_e4m3_codes
 from helpers.moe_reference import ACTIVATIONS, BF16, bias_terms, moe_reference, random_inputs
 
 TIERS = fk.isa_tiers()
+# (tier, FT_CPU_MOE_FP8_KERNELS, FT_CPU_MOE_AMX_MIN): each tier's default kernels; where this CPU runs
+# AMX-BF16 tiles also the VDPBF16PS kernels by name and the tiles for every call (the default puts
+# calls of 4+ vectors on them).
+VARIANTS = [(t, "auto", "") for t in TIERS]
+if "avx512_bf16" in TIERS and fk.cpu_amx_bf16():
+    VARIANTS += [("avx512_bf16", "bf16", ""), ("avx512_bf16", "amx", "1")]
+VARIANT_IDS = [f"{t}-{k}" + (f"-min{m}" if m else "") for t, k, m in VARIANTS]
+
+
+@pytest.fixture(params=VARIANTS, ids=VARIANT_IDS)
+def isa(request, monkeypatch) -> str:
+    """The tier of a test, with the kernels of the variant chosen through the environment."""
+    tier, kernels, amx_min = request.param
+    monkeypatch.setenv("FT_CPU_MOE_FP8_KERNELS", kernels)
+    monkeypatch.setenv("FT_CPU_MOE_AMX_MIN", amx_min)
+    return tier
+
+
 E4M3 = ml_dtypes.float8_e4m3fn
 
 
@@ -109,14 +127,12 @@ def run_case(isa, act, T, rng, B, E=5, H=None, I=None, top_k=4, threads=2):
 
 @pytest.mark.parametrize("T", [1, 3, 8])
 @pytest.mark.parametrize("act", ACTIVATIONS)
-@pytest.mark.parametrize("isa", TIERS)
 def test_matches_float64_reference(isa: str, act: str, T: int) -> None:
     rng = np.random.default_rng([TIERS.index(isa), ACTIVATIONS.index(act), T, 8])
     B = [128, 32, 48, 7, 16][(ACTIVATIONS.index(act) + T) % 5]
     run_case(isa, act, T, rng, B)
 
 
-@pytest.mark.parametrize("isa", TIERS)
 def test_large_blocks_partial_at_both_edges(isa: str) -> None:
     # H and I larger than one 128-block and not multiples of it: the last row-block of gate (and of
     # up, which starts at scale row nb(I)) and the last column-block are partial.
@@ -124,7 +140,6 @@ def test_large_blocks_partial_at_both_edges(isa: str) -> None:
     run_case(isa, "silu", 3, rng, 128, E=3, H=300, I=200, top_k=2)
 
 
-@pytest.mark.parametrize("isa", TIERS)
 def test_biases_and_swigluoai_options(isa: str) -> None:
     rng = np.random.default_rng(7)
     E, H, I, B = 4, 96, 48, 32
@@ -137,7 +152,6 @@ def test_biases_and_swigluoai_options(isa: str) -> None:
     check(y, ref, scale, isa)
 
 
-@pytest.mark.parametrize("isa", TIERS)
 def test_router_weight_on_input(isa: str) -> None:
     rng = np.random.default_rng(11)
     E, H, I = 3, 64, 32
@@ -149,7 +163,6 @@ def test_router_weight_on_input(isa: str) -> None:
     check(y, ref, scale, isa)
 
 
-@pytest.mark.parametrize("isa", TIERS)
 def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
     rng = np.random.default_rng(3)
     E, H, I, top_k, T, B = 8, 300, 200, 6, 8, 64
@@ -161,7 +174,6 @@ def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
 
 
 @pytest.mark.parametrize("B", [48, 128])
-@pytest.mark.parametrize("isa", TIERS)
 def test_zero_and_subnormal_codes(isa: str, B: int) -> None:
     # Only codes with exponent 0 or 1 (both zeros, the subnormals m * 2^-9, the smallest normals),
     # scaled up to O(1) dot products: a wrong subnormal decode (the bf16 tier's fix-up path) shows at
@@ -185,7 +197,54 @@ def test_zero_and_subnormal_codes(isa: str, B: int) -> None:
     check(ex.run(0, x, ids, w), ref, scale, isa)
 
 
-@pytest.mark.parametrize("isa", TIERS)
+def test_whole_blocks_on_tiles(isa: str) -> None:
+    # H and I multiples of 128 with B = 128: the shapes the AMX tiles take (groups of 16 rows in one
+    # row block of scales). 8 tokens on 3 experts with top_k 3: calls of ~8 vectors in both passes;
+    # biases. Row block 0 of expert 0's gate and of expert 1's down hold only exponent-0 codes (the
+    # decode's fix-up), their scales raised by 2^12 so that a wrong decode shows at full size.
+    rng = np.random.default_rng(31)
+    E, H, I, B, T, top_k = 3, 256, 384, 128, 8, 3
+    banks = make_layer(rng, E, H, I, B, bias=True)
+    for name, e, K in (("w13", 0, H), ("w2", 1, I)):
+        codes = rng.integers(0, 8, (128, K)) | (rng.integers(0, 2, (128, K)) << 7)
+        banks[name][e, :128] = codes.astype(np.uint8)
+        banks[name + "_scale"][e, 0] *= np.float32(2.0**12)
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T, num_threads=2, isa=isa)
+    ex.add_layer(0, "fp8_block", num_experts=E, intermediate=I, banks=banks)
+    x, ids, w = random_inputs(rng, T, H, top_k, E, x_scale=2.0)
+    ref, scale = reference(banks, x, ids, w, I, B, "silu")
+    check(ex.run(0, x, ids, w), ref, scale, isa)
+
+
+def test_kernel_choice_errors(monkeypatch) -> None:
+    rng = np.random.default_rng(0)
+    banks = make_layer(rng, 2, 64, 32, 128)
+
+    def add(tier: str, kernels: str) -> None:
+        monkeypatch.setenv("FT_CPU_MOE_FP8_KERNELS", kernels)
+        ex = fk.MoeExecutor(hidden=64, top_k=2, max_tokens=1, isa=tier)
+        ex.add_layer(0, "fp8_block", num_experts=2, intermediate=32, banks=banks)
+
+    unknown = r"FT_CPU_MOE_FP8_KERNELS='fast' is unknown; expected auto, bf16 or amx"
+    with pytest.raises(fk.KernelError, match=unknown):
+        add("scalar", "fast")
+    for kernels in ("bf16", "amx"):
+        tier = (
+            rf"FT_CPU_MOE_FP8_KERNELS='{kernels}' needs the avx512_bf16 tier; "
+            r"this layer runs tier 'scalar'"
+        )
+        with pytest.raises(fk.KernelError, match=tier):
+            add("scalar", kernels)
+    add("scalar", "auto")
+    if "avx512_bf16" in TIERS and not fk.cpu_amx_bf16():
+        with pytest.raises(fk.KernelError, match=r"'amx': this CPU or OS does not run AMX-BF16 tiles"):
+            add("avx512_bf16", "amx")
+    if fk.cpu_amx_bf16():
+        monkeypatch.setenv("FT_CPU_MOE_AMX_MIN", "0")
+        with pytest.raises(fk.KernelError, match=r"FT_CPU_MOE_AMX_MIN='0' must be an integer from 1 to 8"):
+            add("avx512_bf16", "amx")
+
+
 def test_many_tokens_on_few_experts(isa: str) -> None:
     # Over full 64-element chunks and tails.
     rng = np.random.default_rng(13)

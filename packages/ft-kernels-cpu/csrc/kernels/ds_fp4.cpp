@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <string>
 
+#include "amx_tiles.h"
 #include "ds_fp4_kernels.h"
 #include "fp4_common.h"
 #include "format.h"
@@ -151,7 +152,7 @@ class DsFp4Format final : public MoeFormat {
   MoeParams p_;
   int pf_ = fp4::prefetch_distance(p_.prefetch, p_.prefetch_explicit);  // after p_ (declaration order)
   dsfp4::Kernels kernels_ = dsfp4::choose_kernels(p_.isa);
-  int amx_min_ = kernels_ == dsfp4::Kernels::amx ? dsfp4::amx_min_vectors() : 0;
+  int amx_min_ = kernels_ == dsfp4::Kernels::amx ? amx::min_vectors() : 0;
   int act_block_ = 128;
   const uint8_t* w13_;
   const uint8_t* s13_;

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "amx_tiles.h"
 #include "ds_fp4_kernels.h"
 #include "fp4_avx512.h"
 #include "fp4_common.h"
@@ -37,47 +38,7 @@ namespace dsfp4 {
 
 namespace {
 
-constexpr int kGroup = 16;  // weight rows per A tile
-constexpr int kWide = 8;    // tokens per B row when more than one (pairs of bf16, zero-padded)
-
-// The tile instructions, written out: GCC's intrinsics for TILELOADD carry no memory clobber, so
-// the compiler could sink or drop the stores of the A tiles that the load reads.
-template <int T>
-inline void tile_load(const void* base, long stride) {
-  asm volatile("tileloadd (%0,%1,1), %%tmm%c2" ::"r"(base), "r"(stride), "i"(T) : "memory");
-}
-template <int T>
-inline void tile_store(void* base, long stride) {
-  asm volatile("tilestored %%tmm%c2, (%0,%1,1)" ::"r"(base), "r"(stride), "i"(T) : "memory");
-}
-template <int T>
-inline void tile_zero() {
-  asm volatile("tilezero %%tmm%c0" ::"i"(T));
-}
-template <int C, int A, int B>
-inline void tile_dp() {
-  asm volatile("tdpbf16ps %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"i"(C), "i"(A), "i"(B));
-}
-inline void tile_release() { asm volatile("tilerelease" ::: "memory"); }
-
-// Tiles: 0..3 the C of vectors j = 0..3, 4 and 5 A (alternating), 6 and 7 B (alternating).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-static_assert(sizeof(TileConfig) == 64, "LDTILECFG reads 64 bytes");
-
-inline void load_config(int cols) {  // cols: tokens per B row (1 or kWide)
-  TileConfig c;
-  for (int t = 0; t < 8; ++t) {
-    c.rows[t] = 16;
-    c.colsb[t] = static_cast<uint16_t>(t == 4 || t == 5 ? 64 : 4 * cols);
-  }
-  asm volatile("ldtilecfg %0" ::"m"(c));
-}
+using namespace amx;
 
 // (252 - s) * 2^7 for the scales of 16 rows, a row of nbp words each (nbp a multiple of 32, zeros
 // past nb). False if a scale byte is outside [2, 252].
@@ -99,51 +60,6 @@ FT_TARGET_AVX512_BF16 bool fold_scales(const uint8_t* S, int nb, int nbp, uint16
   const bool low_ok = _mm256_cmplt_epu8_mask(lo, _mm256_set1_epi8(2)) == 0;
   const bool high_ok = _mm256_cmpgt_epu8_mask(hi, _mm256_set1_epi8(static_cast<char>(252))) == 0;
   return low_ok && high_ok;
-}
-
-// Tile B of step c, vector j, for 2..8 tokens: word pairs (2k, 2k+1) of each token side by side, 8
-// tokens a row (absent tokens 0). out: 16 rows x 8 dwords per (c, j), (c, j) in order.
-FT_TARGET_AVX512_BF16 void pack_tokens(const void* const* xs, int n, int steps, uint32_t* out) {
-  const __m512i zero = _mm512_setzero_si512();
-  for (int cj = 0; cj < 4 * steps; ++cj) {
-    __m512i a[kWide];
-    for (int t = 0; t < kWide; ++t) {
-      a[t] = t < n ? _mm512_loadu_si512(static_cast<const uint32_t*>(xs[t]) + 16 * cj) : zero;
-    }
-    // 8 x 16 dwords -> 16 x 8: dword pairs, then qwords, then 128-bit lanes.
-    __m512i p[8], q[8];
-    for (int t = 0; t < 8; t += 2) {
-      p[t] = _mm512_unpacklo_epi32(a[t], a[t + 1]);      // lane l: t[4l] t+1[4l] t[4l+1] t+1[4l+1]
-      p[t + 1] = _mm512_unpackhi_epi32(a[t], a[t + 1]);  // lane l: ... 4l+2, 4l+3
-    }
-    for (int h = 0; h < 2; ++h) {  // tokens 4h .. 4h+3
-      const __m512i* u = p + 4 * h;
-      q[4 * h + 0] = _mm512_unpacklo_epi64(u[0], u[2]);  // lane l: tokens 4h..4h+3 at k = 4l
-      q[4 * h + 1] = _mm512_unpackhi_epi64(u[0], u[2]);  // k = 4l + 1
-      q[4 * h + 2] = _mm512_unpacklo_epi64(u[1], u[3]);  // k = 4l + 2
-      q[4 * h + 3] = _mm512_unpackhi_epi64(u[1], u[3]);  // k = 4l + 3
-    }
-    // Row k = 4l + s is lane l of q[s] (tokens 0-3) then of q[4 + s] (tokens 4-7); output vector
-    // o (rows 2o, 2o + 1) takes k = 4l + s, 4l + s + 1 with l = o / 2, s = 2 (o % 2).
-    uint32_t* dst = out + static_cast<size_t>(cj) * 16 * kWide;
-    for (int s = 0; s < 4; s += 2) {
-      // For l = 0..3: [q[s] lane l, q[4+s] lane l, q[s+1] lane l, q[5+s] lane l].
-      const __m512i x0 = _mm512_shuffle_i32x4(q[s], q[4 + s], 0x44);          // s:l0 l1, 4+s:l0 l1
-      const __m512i x1 = _mm512_shuffle_i32x4(q[s], q[4 + s], 0xee);          // l2 l3
-      const __m512i y0 = _mm512_shuffle_i32x4(q[s + 1], q[5 + s], 0x44);
-      const __m512i y1 = _mm512_shuffle_i32x4(q[s + 1], q[5 + s], 0xee);
-      // x0 = [s l0, s l1, 4+s l0, 4+s l1], y0 likewise for s+1.
-      const __m512i o0 = _mm512_shuffle_i32x4(x0, y0, 0x88);  // [s l0, 4+s l0, s+1 l0, 5+s l0]
-      const __m512i o1 = _mm512_shuffle_i32x4(x0, y0, 0xdd);  // l1
-      const __m512i o2 = _mm512_shuffle_i32x4(x1, y1, 0x88);  // l2
-      const __m512i o3 = _mm512_shuffle_i32x4(x1, y1, 0xdd);  // l3
-      // l selects rows 4l + s, 4l + s + 1: output vector 2l + s / 2.
-      _mm512_storeu_si512(dst + 16 * (0 + s / 2), o0);
-      _mm512_storeu_si512(dst + 16 * (2 + s / 2), o1);
-      _mm512_storeu_si512(dst + 16 * (4 + s / 2), o2);
-      _mm512_storeu_si512(dst + 16 * (6 + s / 2), o3);
-    }
-  }
 }
 
 struct Scratch {

@@ -217,17 +217,6 @@ Kernels choose_kernels(Isa isa) {
   return v == "amx" ? Kernels::amx : Kernels::bf16;
 }
 
-int amx_min_vectors() {
-  const char* e = std::getenv("FT_CPU_MOE_DSFP4_AMX_MIN");
-  if (e == nullptr || *e == '\0') return 4;
-  char* end = nullptr;
-  const long v = std::strtol(e, &end, 10);
-  if (*end != '\0' || v < 1 || v > 8) {
-    throw Error(std::string("FT_CPU_MOE_DSFP4_AMX_MIN='") + e + "' must be an integer from 1 to 8 (vectors per call)");
-  }
-  return static_cast<int>(v);
-}
-
 size_t vec_bytes(int K) { return (static_cast<size_t>(K) + 127) / 128 * 128 * sizeof(uint16_t); }
 
 void dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K, float* out,

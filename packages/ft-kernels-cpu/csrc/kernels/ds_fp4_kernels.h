@@ -17,7 +17,7 @@ namespace dsfp4 {
 // The row kernels of a ds_fp4 layer.
 //   fp32  fp4_kernels.cpp's kernels (fp4_common.h's prepared vectors): every tier.
 //   bf16  dot_rows_multi below (VDPBF16PS): avx512_bf16.
-//   amx   amx_dot_rows_multi below (AMX-BF16 tiles) for calls of at least amx_min_vectors() vectors,
+//   amx   amx_dot_rows_multi below (AMX-BF16 tiles) for calls of at least amx::min_vectors() vectors,
 //         fp32 for the others (prepared vectors in both layouts): avx512_bf16 on a CPU with AMX-BF16.
 enum class Kernels { fp32, bf16, amx };
 const char* kernels_name(Kernels k);
@@ -26,9 +26,6 @@ const char* kernels_name(Kernels k);
 // Intel (where VDPBF16PS was measured slower for ds_fp4). Asking for kernels the tier or the CPU
 // cannot run raises.
 Kernels choose_kernels(Isa isa);
-// Vectors per call from which the amx kernels use tiles: $FT_CPU_MOE_DSFP4_AMX_MIN (1..8; default 4),
-// read when a layer is made.
-int amx_min_vectors();
 // The layout of the bf16 and AMX kernels (below) of round-tripped values q[0, i1 - i0) for elements
 // [i0, i1), i0 a multiple of 128, i1 a multiple of 128 or the end of the vector.
 void bf16_layout(const float* q, int i0, int i1, void* out);

@@ -21,8 +21,11 @@
 // The batched hooks decode each weight chunk once and multiply it into up to 8 vectors.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "format.h"
+#include "kernels/amx_tiles.h"
 #include "kernels/fp8nv_common.h"
 
 namespace ft {
@@ -275,6 +278,135 @@ FT_TARGET_AVX512_BF16 void fp8_row_bf16x(const uint8_t* w, const float* S, int B
   for (int j = 0; j < N; ++j) out[j * os] = _mm512_reduce_add_ps(tot[j]) * kBf16Unscale;
 }
 
+// ---- AMX tiles (avx512_bf16 tier on CPUs with AMX-BF16; block_size 128, K a multiple of 128) ----
+//
+// 16 rows at a time (one row block of scales): per column block each row's 128 bytes decode as above
+// to 4 x 32 bf16 words (even and odd elements of its two chunks of 64), stored as 4 A tiles; the x
+// vectors' 4 pieces of 32 words of that block are the B tiles (amx_tiles.h). TDPBF16PS sums each
+// piece into its own C tile, zeroed per block; the 4 C tiles are then added and scaled by the
+// block's scale into 16 rows x tokens fp32 totals. The products are exact (e4m3 in bf16 times bf16
+// x), the sums fp32 in an order of the tiles' own. On the GPU machine's Xeon the tiles cost the same
+// for 1 to 8 vectors (~500 cycles per 16 rows and 128 columns in ds_fp4's kernels), so the format
+// uses them for calls of amx::min_vectors() vectors or more (batch 8 sharing its experts).
+struct Fp8AmxScratch {
+  AlignedBuffer<uint16_t> a;  // two sets of 4 A tiles
+  AlignedBuffer<uint32_t> b;  // packed B tiles (2..8 tokens)
+};
+
+FT_TARGET_AVX512_BF16 void fp8_amx_groups(const uint8_t* W, int r0, int groups, const float* S,
+                                          const void* const* xs, int n, int K, float* out, int os, int prefetch) {
+  using namespace amx;
+  constexpr int B = 128;
+  const int nbK = K / B;
+  const size_t ld = static_cast<size_t>(K);
+  thread_local Fp8AmxScratch sc;
+  const int cols = n == 1 ? 1 : kWide;
+  const char* bbase;
+  long bstride;
+  size_t bstep;  // bytes between the B tiles of consecutive pieces
+  if (n == 1) {
+    bbase = static_cast<const char*>(xs[0]);
+    bstride = 4;
+    bstep = 64;
+  } else {
+    sc.b.resize(static_cast<size_t>(nbK) * 4 * 16 * kWide);
+    pack_tokens(xs, n, nbK, sc.b.data());
+    bbase = reinterpret_cast<const char*>(sc.b.data());
+    bstride = 4 * kWide;
+    bstep = 16 * 4 * kWide;
+  }
+  sc.a.resize(2 * 4 * kGroup * 32);
+
+  // Prefetch by columns (a block of the group's 16 rows: 2 lines a row), `ahead` columns ahead.
+  const int ahead = prefetch > 0 ? std::max(1, prefetch / (kGroup * B)) : 0;
+  const long columns = static_cast<long>(groups) * nbK;
+  auto prefetch_column = [&](long col) {
+    if (col >= columns) return;
+    const long g = col / nbK, c = col % nbK;
+    const char* p = reinterpret_cast<const char*>(W) + static_cast<size_t>(g) * kGroup * ld + B * c;
+    for (int r = 0; r < kGroup; ++r) {
+      prefetch_line(p + r * ld);
+      prefetch_line(p + r * ld + 64);
+    }
+  };
+  for (long col = 0; col < ahead; ++col) prefetch_column(col);
+
+  const __m512i keep = _mm512_set1_epi16(static_cast<short>(0x87F0)), e128 = _mm512_set1_epi16(0x4000);
+  const __m512i ex = _mm512_set1_epi8(0x78);
+  load_config(cols);
+  alignas(64) float cbuf[4][kGroup * kWide];
+  const long cs = 4L * cols;
+  for (int g = 0; g < groups; ++g) {
+    const uint8_t* Wg = W + static_cast<size_t>(g) * kGroup * ld;
+    const float* sg = S + static_cast<size_t>((r0 + g * kGroup) / B) * nbK;
+    __m512 acc[kWide];  // [r * cols + t] flat: cols vectors of 16
+    for (int v = 0; v < kWide; ++v) acc[v] = _mm512_setzero_ps();
+    for (int c = 0; c < nbK; ++c) {
+      if (ahead) prefetch_column(static_cast<long>(g) * nbK + c + ahead);
+      uint16_t* ab = sc.a.data() + (c & 1) * 4 * kGroup * 32;
+      for (int r = 0; r < kGroup; ++r) {
+        const uint8_t* wb = Wg + r * ld + static_cast<size_t>(B) * c;
+        const __m512i b0 = _mm512_loadu_si512(wb), b1 = _mm512_loadu_si512(wb + 64);
+        __m512i we0, wo0, we1, wo1;
+        if (_kortestz_mask64_u8(_mm512_testn_epi8_mask(b0, ex), _mm512_testn_epi8_mask(b1, ex))) {
+          we0 = _mm512_ternarylogic_epi32(_mm512_srai_epi16(_mm512_slli_epi16(b0, 8), 4), keep, e128, 0xEA);
+          wo0 = _mm512_ternarylogic_epi32(_mm512_srai_epi16(b0, 4), keep, e128, 0xEA);
+          we1 = _mm512_ternarylogic_epi32(_mm512_srai_epi16(_mm512_slli_epi16(b1, 8), 4), keep, e128, 0xEA);
+          wo1 = _mm512_ternarylogic_epi32(_mm512_srai_epi16(b1, 4), keep, e128, 0xEA);
+        } else {
+          e4m3x64_bf16(b0, ~0ull, we0, wo0);
+          e4m3x64_bf16(b1, ~0ull, we1, wo1);
+        }
+        _mm512_store_si512(ab + 0 * kGroup * 32 + r * 32, we0);
+        _mm512_store_si512(ab + 1 * kGroup * 32 + r * 32, wo0);
+        _mm512_store_si512(ab + 2 * kGroup * 32 + r * 32, we1);
+        _mm512_store_si512(ab + 3 * kGroup * 32 + r * 32, wo1);
+      }
+      tile_zero<0>();
+      tile_zero<1>();
+      tile_zero<2>();
+      tile_zero<3>();
+      const char* bc = bbase + static_cast<size_t>(4 * c) * bstep;
+      tile_load<4>(ab + 0 * kGroup * 32, 64);
+      tile_load<6>(bc, bstride);
+      tile_dp<0, 4, 6>();
+      tile_load<5>(ab + 1 * kGroup * 32, 64);
+      tile_load<7>(bc + bstep, bstride);
+      tile_dp<1, 5, 7>();
+      tile_load<4>(ab + 2 * kGroup * 32, 64);
+      tile_load<6>(bc + 2 * bstep, bstride);
+      tile_dp<2, 4, 6>();
+      tile_load<5>(ab + 3 * kGroup * 32, 64);
+      tile_load<7>(bc + 3 * bstep, bstride);
+      tile_dp<3, 5, 7>();
+      tile_store<0>(cbuf[0], cs);
+      tile_store<1>(cbuf[1], cs);
+      tile_store<2>(cbuf[2], cs);
+      tile_store<3>(cbuf[3], cs);
+      const __m512 scale = _mm512_set1_ps(sg[c]);
+      for (int v = 0; v < cols; ++v) {
+        const __m512 t = _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(cbuf[0] + 16 * v), _mm512_load_ps(cbuf[1] + 16 * v)),
+                                       _mm512_add_ps(_mm512_load_ps(cbuf[2] + 16 * v), _mm512_load_ps(cbuf[3] + 16 * v)));
+        acc[v] = _mm512_fmadd_ps(t, scale, acc[v]);
+      }
+    }
+    float* og = out + g * kGroup;
+    const __m512 unscale = _mm512_set1_ps(kBf16Unscale);
+    if (n == 1) {
+      _mm512_storeu_ps(og, _mm512_mul_ps(acc[0], unscale));
+    } else {
+      for (int v = 0; v < kWide; ++v) _mm512_store_ps(cbuf[0] + 16 * v, _mm512_mul_ps(acc[v], unscale));
+      const __m512i rows = _mm512_mullo_epi32(
+          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(kWide));
+      for (int t = 0; t < n; ++t) {
+        const __m512 v = _mm512_i32gather_ps(_mm512_add_epi32(rows, _mm512_set1_epi32(t)), cbuf[0], 4);
+        _mm512_storeu_ps(og + static_cast<size_t>(t) * os, v);
+      }
+    }
+  }
+  tile_release();
+}
+
 #endif  // FT_X86
 
 // Where element k of a vector goes for the bf16 tier: column block k / B holds ceil(B / 64) chunks of
@@ -300,10 +432,19 @@ inline size_t fp8_bf16_len(int K, int B) { return static_cast<size_t>((K + B - 1
 // the matrix's scale grid [nb(rows), nb(K)] whose row-block (r0 + r) / B scales row r;
 // out[j * os + r]. Vectors: fp32 (scalar, avx2, avx512) or bf16 in fp8_bf16_slot order (avx512_bf16).
 void fp8_rows(Isa isa, const uint8_t* W, int r0, int nrows, const float* S, int B, const void* const* xs, int n,
-              int K, float* out, int os, int prefetch) {
+              int K, float* out, int os, int prefetch, int amx_min = 0) {
   const int nbK = (K + B - 1) / B;
   const size_t ld = static_cast<size_t>(K);
 #if FT_X86
+  // amx_min > 0: the tiles for calls of that many vectors or more (whole groups of 16 rows of one
+  // row block; the rows after the last group as below).
+  if (amx_min > 0 && n >= amx_min && isa == Isa::avx512_bf16 && B == 128 && K % 128 == 0 && r0 % 16 == 0 &&
+      nrows >= 16) {
+    const int groups = nrows / 16, done = 16 * groups;
+    fp8_amx_groups(W, r0, groups, S, xs, std::min(n, amx::kWide), K, out, os, prefetch);
+    if (done < nrows) fp8_rows(isa, W + done * ld, r0 + done, nrows - done, S, B, xs, n, K, out + done, os, prefetch);
+    return;
+  }
   if (isa != Isa::scalar) {
     const Prefetch pf(W, nrows * ld, prefetch);
     for (int r = 0; r < nrows; ++r) {
@@ -330,6 +471,28 @@ void fp8_rows(Isa isa, const uint8_t* W, int r0, int nrows, const float* S, int 
       out[j * os + r] = fp8_row_scalar(W + r * ld, S + static_cast<size_t>((r0 + r) / B) * nbK, B, x, K);
     }
   }
+}
+
+// $FT_CPU_MOE_FP8_KERNELS (auto, bf16 or amx), read when a layer is made: in the avx512_bf16 tier
+// `amx` (auto where the CPU runs AMX-BF16 tiles) puts calls of amx::min_vectors() vectors or more on
+// the tiles (layers of block_size 128; other block sizes keep VDPBF16PS), `bf16` keeps VDPBF16PS for
+// every call. Returns the vector count from which the tiles run, 0 for never.
+int fp8_amx_min(Isa isa) {
+  const char* e = std::getenv("FT_CPU_MOE_FP8_KERNELS");
+  const std::string v = e ? e : "";
+  if (v != "" && v != "auto" && v != "bf16" && v != "amx") {
+    throw Error("FT_CPU_MOE_FP8_KERNELS='" + v + "' is unknown; expected auto, bf16 or amx");
+  }
+  const bool top = isa == Isa::avx512_bf16;
+  if ((v == "bf16" || v == "amx") && !top) {
+    throw Error("FT_CPU_MOE_FP8_KERNELS='" + v + "' needs the avx512_bf16 tier; this layer runs tier '" +
+                isa_name(isa) + "'");
+  }
+  if (v == "amx" && !cpu_amx_bf16()) {
+    throw Error("FT_CPU_MOE_FP8_KERNELS='amx': this CPU or OS does not run AMX-BF16 tiles");
+  }
+  if (!top || v == "bf16" || !cpu_amx_bf16()) return 0;
+  return amx::min_vectors();
 }
 
 int checked_block_size(FormatArgs& args) {
@@ -395,8 +558,8 @@ class Fp8BlockFormat final : public MoeFormat {
                       : static_cast<const void*>(in.x_f32 + tokens[j] * H);
     }
     const int rows = i1 - i0, K = p_.hidden;
-    fp8_rows(p_.isa, base + i0 * H, i0, rows, sg, B_, xs, n, K, gate, stride, pf_);
-    fp8_rows(p_.isa, base + (I + i0) * H, i0, rows, su, B_, xs, n, K, up, stride, pf_);
+    fp8_rows(p_.isa, base + i0 * H, i0, rows, sg, B_, xs, n, K, gate, stride, pf_, amx_min_);
+    fp8_rows(p_.isa, base + (I + i0) * H, i0, rows, su, B_, xs, n, K, up, stride, pf_, amx_min_);
     const float* bg = b13_ ? b13_ + static_cast<size_t>(e) * 2 * I + i0 : nullptr;
     for (int j = 0; j < n; ++j) {
       float* g = gate + j * stride;
@@ -415,7 +578,7 @@ class Fp8BlockFormat final : public MoeFormat {
     const float* s = s2_ + static_cast<size_t>(e) * nbH_ * nbI_;
     const void* hs[fp8nv::kMaxVectors];
     for (int j = 0; j < n; ++j) hs[j] = bf16x() ? routes[j].h_prepped : static_cast<const void*>(routes[j].h);
-    fp8_rows(p_.isa, w, h0, rows, s, B_, hs, n, p_.intermediate, out, stride, pf_);
+    fp8_rows(p_.isa, w, h0, rows, s, B_, hs, n, p_.intermediate, out, stride, pf_, amx_min_);
     if (b2_) {
       const float* b = b2_ + static_cast<size_t>(e) * H + h0;
       for (int j = 0; j < n; ++j) {
@@ -431,6 +594,8 @@ class Fp8BlockFormat final : public MoeFormat {
   MoeParams p_;
   int pf_ = fp8nv::prefetch_distance(p_.prefetch, p_.prefetch_explicit);  // after p_ (declaration order)
   int B_;
+  // Vectors per call from which the AMX tiles run (0: never; FT_CPU_MOE_FP8_KERNELS, amx_tiles.h).
+  int amx_min_ = fp8_amx_min(p_.isa);
   int nbH_ = 0, nbI_ = 0;
   const uint8_t* w13_;
   const float* s13_;
