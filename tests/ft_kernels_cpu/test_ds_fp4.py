@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -15,6 +13,7 @@ from helpers.checks import (
     run_many_tokens_on_few_experts,
 )
 from helpers.fp4_reference import dequant_fp4, fp8_round_trip, random_fp4, random_scales
+from helpers.kernel_variants import current_variant, tier_fixture
 from helpers.moe_reference import ACTIVATIONS, BF16, activation, random_inputs, random_routes
 
 TIERS = fk.isa_tiers()
@@ -26,22 +25,12 @@ if "avx512_bf16" in TIERS:
     VARIANTS += [("avx512_bf16", "fp32", ""), ("avx512_bf16", "bf16", "")]
     if fk.cpu_amx_bf16():
         VARIANTS += [("avx512_bf16", "amx", ""), ("avx512_bf16", "amx", "1")]
-VARIANT_IDS = [f"{t}-{k}" + (f"-min{m}" if m else "") for t, k, m in VARIANTS]
-
-
-@pytest.fixture(params=VARIANTS, ids=VARIANT_IDS)
-def isa(request, monkeypatch) -> str:
-    """The tier of a test, with the kernels of the variant chosen through the environment."""
-    tier, kernels, amx_min = request.param
-    monkeypatch.setenv("FT_CPU_MOE_DSFP4_KERNELS", kernels)
-    monkeypatch.setenv("FT_CPU_MOE_AMX_MIN", amx_min)
-    return tier
+isa = tier_fixture("FT_CPU_MOE_DSFP4_KERNELS", VARIANTS)
 
 
 def variant_index(isa: str) -> int:
     """A number per variant (seeds and shapes differ between variants)."""
-    env = os.environ
-    return VARIANTS.index((isa, env["FT_CPU_MOE_DSFP4_KERNELS"], env["FT_CPU_MOE_AMX_MIN"]))
+    return VARIANTS.index(current_variant("FT_CPU_MOE_DSFP4_KERNELS", isa))
 
 
 def make_layer(rng: np.random.Generator, E: int, H: int, I: int) -> dict[str, np.ndarray]:

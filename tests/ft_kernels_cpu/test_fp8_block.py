@@ -16,6 +16,7 @@ from helpers.checks import (
     run_swigluoai_options,
 )
 from helpers.fp4_reference import random_e4m3_codes
+from helpers.kernel_variants import tier_fixture
 from helpers.moe_reference import ACTIVATIONS, BF16, bias_terms, moe_reference, random_inputs
 
 TIERS = fk.isa_tiers()
@@ -25,18 +26,7 @@ TIERS = fk.isa_tiers()
 VARIANTS = [(t, "auto", "") for t in TIERS]
 if "avx512_bf16" in TIERS and fk.cpu_amx_bf16():
     VARIANTS += [("avx512_bf16", "bf16", ""), ("avx512_bf16", "amx", "1")]
-VARIANT_IDS = [f"{t}-{k}" + (f"-min{m}" if m else "") for t, k, m in VARIANTS]
-
-
-@pytest.fixture(params=VARIANTS, ids=VARIANT_IDS)
-def isa(request, monkeypatch) -> str:
-    """The tier of a test, with the kernels of the variant chosen through the environment."""
-    tier, kernels, amx_min = request.param
-    monkeypatch.setenv("FT_CPU_MOE_FP8_KERNELS", kernels)
-    monkeypatch.setenv("FT_CPU_MOE_AMX_MIN", amx_min)
-    return tier
-
-
+isa = tier_fixture("FT_CPU_MOE_FP8_KERNELS", VARIANTS)
 E4M3 = ml_dtypes.float8_e4m3fn
 
 
