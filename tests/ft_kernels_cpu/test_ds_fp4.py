@@ -13,7 +13,7 @@ from helpers.checks import (
     run_many_tokens_on_few_experts,
 )
 from helpers.fp4_reference import dequant_fp4, fp8_round_trip, random_fp4, random_scales
-from helpers.kernel_variants import current_variant, tier_fixture
+from helpers.kernel_variants import assert_kernel_choice_errors, current_variant, tier_fixture
 from helpers.moe_reference import ACTIVATIONS, BF16, activation, random_inputs, random_routes
 
 TIERS = fk.isa_tiers()
@@ -149,32 +149,15 @@ def test_kernel_choice_errors(monkeypatch) -> None:
     rng = np.random.default_rng(0)
     banks = make_layer(rng, 2, 64, 32)
 
-    def add(isa: str, kernels: str) -> None:
-        monkeypatch.setenv("FT_CPU_MOE_DSFP4_KERNELS", kernels)
-        ex = fk.MoeExecutor(hidden=64, top_k=2, max_tokens=1, isa=isa)
+    def add_layer(tier: str) -> None:
+        ex = fk.MoeExecutor(hidden=64, top_k=2, max_tokens=1, isa=tier)
         ex.add_layer(0, "ds_fp4", num_experts=2, intermediate=32, banks=banks, options={"act_block": 32.0})
 
-    unknown = r"FT_CPU_MOE_DSFP4_KERNELS='fast' is unknown; expected auto, fp32, bf16 or amx"
-    with pytest.raises(fk.KernelError, match=unknown):
-        add("scalar", "fast")
-    for kernels in ("bf16", "amx"):
-        tier = (
-            rf"FT_CPU_MOE_DSFP4_KERNELS='{kernels}' needs the avx512_bf16 tier; "
-            r"this layer runs tier 'scalar'"
-        )
-        with pytest.raises(fk.KernelError, match=tier):
-            add("scalar", kernels)
-    add("scalar", "fp32")
-    add("scalar", "auto")
-    if "avx512_bf16" in TIERS and not fk.cpu_amx_bf16():
-        with pytest.raises(fk.KernelError, match=r"'amx': this CPU or OS does not run AMX-BF16 tiles"):
-            add("avx512_bf16", "amx")
-    if fk.cpu_amx_bf16():
-        for bad in ("0", "9", "four"):
-            monkeypatch.setenv("FT_CPU_MOE_AMX_MIN", bad)
-            message = rf"FT_CPU_MOE_AMX_MIN='{bad}' must be an integer from 1 to 8"
-            with pytest.raises(fk.KernelError, match=message):
-                add("avx512_bf16", "amx")
+    assert_kernel_choice_errors(
+        monkeypatch, "FT_CPU_MOE_DSFP4_KERNELS", "auto, fp32, bf16 or amx", add_layer, TIERS
+    )
+    monkeypatch.setenv("FT_CPU_MOE_DSFP4_KERNELS", "fp32")
+    add_layer("scalar")
 
 
 def identity_layer(N: int) -> dict[str, np.ndarray]:

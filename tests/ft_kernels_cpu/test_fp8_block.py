@@ -16,7 +16,7 @@ from helpers.checks import (
     run_swigluoai_options,
 )
 from helpers.fp4_reference import random_e4m3_codes
-from helpers.kernel_variants import tier_fixture
+from helpers.kernel_variants import assert_kernel_choice_errors, tier_fixture
 from helpers.moe_reference import ACTIVATIONS, BF16, bias_terms, moe_reference, random_inputs
 
 TIERS = fk.isa_tiers()
@@ -210,29 +210,11 @@ def test_kernel_choice_errors(monkeypatch) -> None:
     rng = np.random.default_rng(0)
     banks = make_layer(rng, 2, 64, 32, 128)
 
-    def add(tier: str, kernels: str) -> None:
-        monkeypatch.setenv("FT_CPU_MOE_FP8_KERNELS", kernels)
+    def add_layer(tier: str) -> None:
         ex = fk.MoeExecutor(hidden=64, top_k=2, max_tokens=1, isa=tier)
         ex.add_layer(0, "fp8_block", num_experts=2, intermediate=32, banks=banks)
 
-    unknown = r"FT_CPU_MOE_FP8_KERNELS='fast' is unknown; expected auto, bf16 or amx"
-    with pytest.raises(fk.KernelError, match=unknown):
-        add("scalar", "fast")
-    for kernels in ("bf16", "amx"):
-        tier = (
-            rf"FT_CPU_MOE_FP8_KERNELS='{kernels}' needs the avx512_bf16 tier; "
-            r"this layer runs tier 'scalar'"
-        )
-        with pytest.raises(fk.KernelError, match=tier):
-            add("scalar", kernels)
-    add("scalar", "auto")
-    if "avx512_bf16" in TIERS and not fk.cpu_amx_bf16():
-        with pytest.raises(fk.KernelError, match=r"'amx': this CPU or OS does not run AMX-BF16 tiles"):
-            add("avx512_bf16", "amx")
-    if fk.cpu_amx_bf16():
-        monkeypatch.setenv("FT_CPU_MOE_AMX_MIN", "0")
-        with pytest.raises(fk.KernelError, match=r"FT_CPU_MOE_AMX_MIN='0' must be an integer from 1 to 8"):
-            add("avx512_bf16", "amx")
+    assert_kernel_choice_errors(monkeypatch, "FT_CPU_MOE_FP8_KERNELS", "auto, bf16 or amx", add_layer, TIERS)
 
 
 def test_many_tokens_on_few_experts(isa: str) -> None:

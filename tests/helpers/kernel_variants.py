@@ -8,6 +8,8 @@ import os
 
 import pytest
 
+import ft_kernels_cpu as fk
+
 Variant = tuple[str, str, str]  # (tier, kernels, FT_CPU_MOE_AMX_MIN)
 
 
@@ -29,3 +31,32 @@ def tier_fixture(env_name: str, variants: list[Variant]):
 def current_variant(env_name: str, tier: str) -> Variant:
     """The variant a test runs, from its tier and the environment its fixture set."""
     return (tier, os.environ[env_name], os.environ["FT_CPU_MOE_AMX_MIN"])
+
+
+def assert_kernel_choice_errors(monkeypatch, env_name: str, values: str, add_layer, tiers: list[str]) -> None:
+    """The errors of a kernel choice: an unknown value, bf16 / amx below the avx512_bf16 tier, amx on a
+    CPU without AMX-BF16 tiles (where the tier exists), a bad FT_CPU_MOE_AMX_MIN (where tiles run).
+    add_layer(tier) makes an executor of that tier and adds a layer; values: the error's list of
+    accepted values ("auto, bf16 or amx")."""
+    def add(tier: str, kernels: str) -> None:
+        monkeypatch.setenv(env_name, kernels)
+        add_layer(tier)
+
+    with pytest.raises(fk.KernelError, match=rf"{env_name}='fast' is unknown; expected {values}"):
+        add("scalar", "fast")
+    for kernels in ("bf16", "amx"):
+        message = rf"{env_name}='{kernels}' needs the avx512_bf16 tier; this layer runs tier 'scalar'"
+        with pytest.raises(fk.KernelError, match=message):
+            add("scalar", kernels)
+    add("scalar", "auto")
+    if "avx512_bf16" in tiers and not fk.cpu_amx_bf16():
+        with pytest.raises(fk.KernelError, match=rf"{env_name}='amx': this CPU or OS does not run AMX-BF16"):
+            add("avx512_bf16", "amx")
+    if fk.cpu_amx_bf16():
+        for bad in ("0", "9", "four"):
+            monkeypatch.setenv("FT_CPU_MOE_AMX_MIN", bad)
+            with pytest.raises(
+                fk.KernelError, match=rf"FT_CPU_MOE_AMX_MIN='{bad}' must be an integer from 1 to 8"
+            ):
+                add("avx512_bf16", "amx")
+        monkeypatch.setenv("FT_CPU_MOE_AMX_MIN", "")

@@ -120,6 +120,72 @@ FT_TARGET_AVX512_BF16 inline void pack_tokens(const void* const* xs, int n, int 
   }
 }
 
+// Where the B tiles of a call's vectors are: piece cj's tile at base + cj * step, rows `stride` bytes
+// apart. One vector: its prepared words in place; 2..8: packed into buf by pack_tokens.
+struct BTiles {
+  const char* base;
+  long stride;
+  size_t step;
+};
+
+FT_TARGET_AVX512_BF16 inline BTiles b_tiles(const void* const* xs, int n, int steps, AlignedBuffer<uint32_t>& buf) {
+  if (n == 1) return {static_cast<const char*>(xs[0]), 4, 64};
+  buf.resize(static_cast<size_t>(steps) * 4 * 16 * kWide);
+  pack_tokens(xs, n, steps, buf.data());
+  return {reinterpret_cast<const char*>(buf.data()), 4 * kWide, 16 * 4 * kWide};
+}
+
+// Row r of the 4 A tiles of a step (ab: 4 tiles of 16 rows x 32 words, one after the other).
+FT_TARGET_AVX512_BF16 inline void store_a_row(uint16_t* ab, int r, __m512i v0, __m512i v1, __m512i v2, __m512i v3) {
+  _mm512_store_si512(ab + 0 * kGroup * 32 + r * 32, v0);
+  _mm512_store_si512(ab + 1 * kGroup * 32 + r * 32, v1);
+  _mm512_store_si512(ab + 2 * kGroup * 32 + r * 32, v2);
+  _mm512_store_si512(ab + 3 * kGroup * 32 + r * 32, v3);
+}
+
+// C_j += A_j x B_j for the 4 pieces of step c: A tiles at ab, B tiles from b.
+inline void multiply_step(const uint16_t* ab, const BTiles& b, int c) {
+  const char* bc = b.base + static_cast<size_t>(4 * c) * b.step;
+  tile_load<4>(ab + 0 * kGroup * 32, 64);
+  tile_load<6>(bc, b.stride);
+  tile_dp<0, 4, 6>();
+  tile_load<5>(ab + 1 * kGroup * 32, 64);
+  tile_load<7>(bc + b.step, b.stride);
+  tile_dp<1, 5, 7>();
+  tile_load<4>(ab + 2 * kGroup * 32, 64);
+  tile_load<6>(bc + 2 * b.step, b.stride);
+  tile_dp<2, 4, 6>();
+  tile_load<5>(ab + 3 * kGroup * 32, 64);
+  tile_load<7>(bc + 3 * b.step, b.stride);
+  tile_dp<3, 5, 7>();
+}
+
+inline void zero_c() {
+  tile_zero<0>();
+  tile_zero<1>();
+  tile_zero<2>();
+  tile_zero<3>();
+}
+
+// The 4 C tiles into cbuf[j] (16 rows x cols fp32, rows 4 * cols bytes apart).
+inline void store_c(float (*cbuf)[kGroup * kWide], int cols) {
+  const long cs = 4L * cols;
+  tile_store<0>(cbuf[0], cs);
+  tile_store<1>(cbuf[1], cs);
+  tile_store<2>(cbuf[2], cs);
+  tile_store<3>(cbuf[3], cs);
+}
+
+// A group's results for n tokens from its 16 x 8 values flat[r * 8 + t]: out[t * os + r].
+FT_TARGET_AVX512_BF16 inline void store_tokens(const float* flat, int n, float* out, int os) {
+  const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(kWide));
+  for (int t = 0; t < n; ++t) {
+    const __m512 v = _mm512_i32gather_ps(_mm512_add_epi32(rows, _mm512_set1_epi32(t)), flat, 4);
+    _mm512_storeu_ps(out + static_cast<size_t>(t) * os, v);
+  }
+}
+
 #endif  // FT_X86
 
 }  // namespace amx

@@ -74,20 +74,7 @@ FT_TARGET_AVX512_BF16 void amx_groups(const uint8_t* W, const uint8_t* S, int gr
   const int nb = K / 32, steps = (nb + 3) / 4, nbp = (nb + 31) / 32 * 32;
   const size_t R = static_cast<size_t>(K) / 2;  // bytes per row
   const int cols = n == 1 ? 1 : kWide;
-  const char* bbase;
-  long bstride;
-  size_t bstep;  // bytes between the B tiles of consecutive (step, vector)
-  if (n == 1) {
-    bbase = static_cast<const char*>(xs[0]);
-    bstride = 4;
-    bstep = 64;
-  } else {
-    sc.b.resize(static_cast<size_t>(steps) * 4 * 16 * kWide);
-    pack_tokens(xs, n, steps, sc.b.data());
-    bbase = reinterpret_cast<const char*>(sc.b.data());
-    bstride = 4 * kWide;
-    bstep = 16 * 4 * kWide;
-  }
+  const BTiles bt = b_tiles(xs, n, steps, sc.b);
   sc.fold.resize(static_cast<size_t>(kGroup) * nbp + 32);
   sc.a.resize(2 * 4 * kGroup * 32);
   uint16_t* fold = sc.fold.data();
@@ -129,10 +116,7 @@ FT_TARGET_AVX512_BF16 void amx_groups(const uint8_t* W, const uint8_t* S, int gr
       dot_rows_multi(Wg, Sg, kGroup, xs, n, K, og, os, 0);
       continue;
     }
-    tile_zero<0>();
-    tile_zero<1>();
-    tile_zero<2>();
-    tile_zero<3>();
+    zero_c();
     for (int c = 0; c < steps; ++c) {
       if (ahead) prefetch_column(static_cast<long>(g) * steps + c + ahead);
       const int blocks = std::min(4, nb - 4 * c);
@@ -145,30 +129,11 @@ FT_TARGET_AVX512_BF16 void amx_groups(const uint8_t* W, const uint8_t* S, int gr
         const __m512i v1 = _mm512_subs_epu16(_mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 4), lut), d);
         const __m512i v2 = _mm512_subs_epu16(_mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 8), lut), d);
         const __m512i v3 = _mm512_subs_epu16(_mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 12), lut), d);
-        _mm512_store_si512(ab + 0 * kGroup * 32 + r * 32, v0);
-        _mm512_store_si512(ab + 1 * kGroup * 32 + r * 32, v1);
-        _mm512_store_si512(ab + 2 * kGroup * 32 + r * 32, v2);
-        _mm512_store_si512(ab + 3 * kGroup * 32 + r * 32, v3);
+        store_a_row(ab, r, v0, v1, v2, v3);
       }
-      const char* bc = bbase + static_cast<size_t>(4 * c) * bstep;
-      tile_load<4>(ab + 0 * kGroup * 32, 64);
-      tile_load<6>(bc, bstride);
-      tile_dp<0, 4, 6>();
-      tile_load<5>(ab + 1 * kGroup * 32, 64);
-      tile_load<7>(bc + bstep, bstride);
-      tile_dp<1, 5, 7>();
-      tile_load<4>(ab + 2 * kGroup * 32, 64);
-      tile_load<6>(bc + 2 * bstep, bstride);
-      tile_dp<2, 4, 6>();
-      tile_load<5>(ab + 3 * kGroup * 32, 64);
-      tile_load<7>(bc + 3 * bstep, bstride);
-      tile_dp<3, 5, 7>();
+      multiply_step(ab, bt, c);
     }
-    const long cs = 4L * cols;
-    tile_store<0>(cbuf[0], cs);
-    tile_store<1>(cbuf[1], cs);
-    tile_store<2>(cbuf[2], cs);
-    tile_store<3>(cbuf[3], cs);
+    store_c(cbuf, cols);
     if (n == 1) {
       const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(cbuf[0]), _mm512_load_ps(cbuf[1])),
                                      _mm512_add_ps(_mm512_load_ps(cbuf[2]), _mm512_load_ps(cbuf[3])));
@@ -180,12 +145,7 @@ FT_TARGET_AVX512_BF16 void amx_groups(const uint8_t* W, const uint8_t* S, int gr
                                        _mm512_add_ps(_mm512_load_ps(cbuf[2] + i), _mm512_load_ps(cbuf[3] + i)));
         _mm512_store_ps(cbuf[0] + i, s);
       }
-      const __m512i rows = _mm512_mullo_epi32(
-          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(kWide));
-      for (int t = 0; t < n; ++t) {
-        const __m512 v = _mm512_i32gather_ps(_mm512_add_epi32(rows, _mm512_set1_epi32(t)), cbuf[0], 4);
-        _mm512_storeu_ps(og + static_cast<size_t>(t) * os, v);
-      }
+      store_tokens(cbuf[0], n, og, os);
     }
   }
   tile_release();

@@ -181,6 +181,24 @@ FT_TARGET_AVX512_BF16 inline void e4m3x64_bf16(__m512i b, __mmask64 valid, __m51
   }
 }
 
+// A whole block of 128 (b0: elements 0..63, b1: 64..127) as the 4 vectors of its two chunks: even
+// and odd words of each, with the exponent-0 fix-up only when the block holds such a code (one test
+// for the two chunks).
+FT_TARGET_AVX512_BF16 inline void e4m3x128_bf16(__m512i b0, __m512i b1, __m512i& we0, __m512i& wo0, __m512i& we1,
+                                                __m512i& wo1) {
+  const __m512i keep = _mm512_set1_epi16(static_cast<short>(0x87F0)), e128 = _mm512_set1_epi16(0x4000);
+  const __m512i ex = _mm512_set1_epi8(0x78);
+  if (_kortestz_mask64_u8(_mm512_testn_epi8_mask(b0, ex), _mm512_testn_epi8_mask(b1, ex))) {
+    we0 = _mm512_ternarylogic_epi32(_mm512_srai_epi16(_mm512_slli_epi16(b0, 8), 4), keep, e128, 0xEA);
+    wo0 = _mm512_ternarylogic_epi32(_mm512_srai_epi16(b0, 4), keep, e128, 0xEA);
+    we1 = _mm512_ternarylogic_epi32(_mm512_srai_epi16(_mm512_slli_epi16(b1, 8), 4), keep, e128, 0xEA);
+    wo1 = _mm512_ternarylogic_epi32(_mm512_srai_epi16(b1, 4), keep, e128, 0xEA);
+  } else {
+    e4m3x64_bf16(b0, ~0ull, we0, wo0);
+    e4m3x64_bf16(b1, ~0ull, we1, wo1);
+  }
+}
+
 // Rows with N bf16 vectors in the chunk order of fp8_bf16_slot (per column block, chunks of 64: the
 // even elements, then the odd ones). Per block: VDPBF16PS into two accumulators (even, odd words)
 // per vector, then the block's scale.
@@ -196,25 +214,14 @@ FT_TARGET_AVX512_BF16 void fp8_row_bf16x(const uint8_t* w, const float* S, int B
     // for the two), the block's products in straight-line code. Same operations in the same order as
     // the general loop below (bit-identical results), without its per-chunk loop and masks: measured
     // on Zen 5 (1 thread, in cache) 20 -> 30-34 GB/s.
-    const __m512i keep = _mm512_set1_epi16(static_cast<short>(0x87F0)), e128 = _mm512_set1_epi16(0x4000);
-    const __m512i ex = _mm512_set1_epi8(0x78);
     for (; c0 + 128 <= K; c0 += 128, ++c) {
       const uint8_t* wb = w + c0;
       if (pf.dist) {
         pf.ahead(wb);
         pf.ahead(wb + 64);
       }
-      const __m512i b0 = _mm512_loadu_si512(wb), b1 = _mm512_loadu_si512(wb + 64);
       __m512i we0, wo0, we1, wo1;
-      if (_kortestz_mask64_u8(_mm512_testn_epi8_mask(b0, ex), _mm512_testn_epi8_mask(b1, ex))) {
-        we0 = _mm512_ternarylogic_epi32(_mm512_srai_epi16(_mm512_slli_epi16(b0, 8), 4), keep, e128, 0xEA);
-        wo0 = _mm512_ternarylogic_epi32(_mm512_srai_epi16(b0, 4), keep, e128, 0xEA);
-        we1 = _mm512_ternarylogic_epi32(_mm512_srai_epi16(_mm512_slli_epi16(b1, 8), 4), keep, e128, 0xEA);
-        wo1 = _mm512_ternarylogic_epi32(_mm512_srai_epi16(b1, 4), keep, e128, 0xEA);
-      } else {
-        e4m3x64_bf16(b0, ~0ull, we0, wo0);
-        e4m3x64_bf16(b1, ~0ull, we1, wo1);
-      }
+      e4m3x128_bf16(_mm512_loadu_si512(wb), _mm512_loadu_si512(wb + 64), we0, wo0, we1, wo1);
       const __m512 s = _mm512_set1_ps(S[c]);
       for (int j = 0; j < N; ++j) {
         const uint16_t* xc = xs[j] + static_cast<size_t>(c) * 128;
@@ -301,20 +308,7 @@ FT_TARGET_AVX512_BF16 void fp8_amx_groups(const uint8_t* W, int r0, int groups, 
   const size_t ld = static_cast<size_t>(K);
   thread_local Fp8AmxScratch sc;
   const int cols = n == 1 ? 1 : kWide;
-  const char* bbase;
-  long bstride;
-  size_t bstep;  // bytes between the B tiles of consecutive pieces
-  if (n == 1) {
-    bbase = static_cast<const char*>(xs[0]);
-    bstride = 4;
-    bstep = 64;
-  } else {
-    sc.b.resize(static_cast<size_t>(nbK) * 4 * 16 * kWide);
-    pack_tokens(xs, n, nbK, sc.b.data());
-    bbase = reinterpret_cast<const char*>(sc.b.data());
-    bstride = 4 * kWide;
-    bstep = 16 * 4 * kWide;
-  }
+  const BTiles bt = b_tiles(xs, n, nbK, sc.b);
   sc.a.resize(2 * 4 * kGroup * 32);
 
   // Prefetch by columns (a block of the group's 16 rows: 2 lines a row), `ahead` columns ahead.
@@ -331,11 +325,8 @@ FT_TARGET_AVX512_BF16 void fp8_amx_groups(const uint8_t* W, int r0, int groups, 
   };
   for (long col = 0; col < ahead; ++col) prefetch_column(col);
 
-  const __m512i keep = _mm512_set1_epi16(static_cast<short>(0x87F0)), e128 = _mm512_set1_epi16(0x4000);
-  const __m512i ex = _mm512_set1_epi8(0x78);
   load_config(cols);
   alignas(64) float cbuf[4][kGroup * kWide];
-  const long cs = 4L * cols;
   for (int g = 0; g < groups; ++g) {
     const uint8_t* Wg = W + static_cast<size_t>(g) * kGroup * ld;
     const float* sg = S + static_cast<size_t>((r0 + g * kGroup) / B) * nbK;
@@ -346,43 +337,13 @@ FT_TARGET_AVX512_BF16 void fp8_amx_groups(const uint8_t* W, int r0, int groups, 
       uint16_t* ab = sc.a.data() + (c & 1) * 4 * kGroup * 32;
       for (int r = 0; r < kGroup; ++r) {
         const uint8_t* wb = Wg + r * ld + static_cast<size_t>(B) * c;
-        const __m512i b0 = _mm512_loadu_si512(wb), b1 = _mm512_loadu_si512(wb + 64);
         __m512i we0, wo0, we1, wo1;
-        if (_kortestz_mask64_u8(_mm512_testn_epi8_mask(b0, ex), _mm512_testn_epi8_mask(b1, ex))) {
-          we0 = _mm512_ternarylogic_epi32(_mm512_srai_epi16(_mm512_slli_epi16(b0, 8), 4), keep, e128, 0xEA);
-          wo0 = _mm512_ternarylogic_epi32(_mm512_srai_epi16(b0, 4), keep, e128, 0xEA);
-          we1 = _mm512_ternarylogic_epi32(_mm512_srai_epi16(_mm512_slli_epi16(b1, 8), 4), keep, e128, 0xEA);
-          wo1 = _mm512_ternarylogic_epi32(_mm512_srai_epi16(b1, 4), keep, e128, 0xEA);
-        } else {
-          e4m3x64_bf16(b0, ~0ull, we0, wo0);
-          e4m3x64_bf16(b1, ~0ull, we1, wo1);
-        }
-        _mm512_store_si512(ab + 0 * kGroup * 32 + r * 32, we0);
-        _mm512_store_si512(ab + 1 * kGroup * 32 + r * 32, wo0);
-        _mm512_store_si512(ab + 2 * kGroup * 32 + r * 32, we1);
-        _mm512_store_si512(ab + 3 * kGroup * 32 + r * 32, wo1);
+        e4m3x128_bf16(_mm512_loadu_si512(wb), _mm512_loadu_si512(wb + 64), we0, wo0, we1, wo1);
+        store_a_row(ab, r, we0, wo0, we1, wo1);
       }
-      tile_zero<0>();
-      tile_zero<1>();
-      tile_zero<2>();
-      tile_zero<3>();
-      const char* bc = bbase + static_cast<size_t>(4 * c) * bstep;
-      tile_load<4>(ab + 0 * kGroup * 32, 64);
-      tile_load<6>(bc, bstride);
-      tile_dp<0, 4, 6>();
-      tile_load<5>(ab + 1 * kGroup * 32, 64);
-      tile_load<7>(bc + bstep, bstride);
-      tile_dp<1, 5, 7>();
-      tile_load<4>(ab + 2 * kGroup * 32, 64);
-      tile_load<6>(bc + 2 * bstep, bstride);
-      tile_dp<2, 4, 6>();
-      tile_load<5>(ab + 3 * kGroup * 32, 64);
-      tile_load<7>(bc + 3 * bstep, bstride);
-      tile_dp<3, 5, 7>();
-      tile_store<0>(cbuf[0], cs);
-      tile_store<1>(cbuf[1], cs);
-      tile_store<2>(cbuf[2], cs);
-      tile_store<3>(cbuf[3], cs);
+      zero_c();
+      multiply_step(ab, bt, c);
+      store_c(cbuf, cols);
       const __m512 scale = _mm512_set1_ps(sg[c]);
       for (int v = 0; v < cols; ++v) {
         const __m512 t = _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(cbuf[0] + 16 * v), _mm512_load_ps(cbuf[1] + 16 * v)),
@@ -396,12 +357,7 @@ FT_TARGET_AVX512_BF16 void fp8_amx_groups(const uint8_t* W, int r0, int groups, 
       _mm512_storeu_ps(og, _mm512_mul_ps(acc[0], unscale));
     } else {
       for (int v = 0; v < kWide; ++v) _mm512_store_ps(cbuf[0] + 16 * v, _mm512_mul_ps(acc[v], unscale));
-      const __m512i rows = _mm512_mullo_epi32(
-          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(kWide));
-      for (int t = 0; t < n; ++t) {
-        const __m512 v = _mm512_i32gather_ps(_mm512_add_epi32(rows, _mm512_set1_epi32(t)), cbuf[0], 4);
-        _mm512_storeu_ps(og + static_cast<size_t>(t) * os, v);
-      }
+      store_tokens(cbuf[0], n, og, os);
     }
   }
   tile_release();
