@@ -38,6 +38,7 @@ def assert_kernel_choice_errors(monkeypatch, env_name: str, values: str, add_lay
     CPU without AMX-BF16 tiles (where the tier exists), a bad FT_CPU_MOE_AMX_MIN (where tiles run).
     add_layer(tier) makes an executor of that tier and adds a layer; values: the error's list of
     accepted values ("auto, bf16 or amx")."""
+
     def add(tier: str, kernels: str) -> None:
         monkeypatch.setenv(env_name, kernels)
         add_layer(tier)
