@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 
 #include "common.h"
@@ -29,6 +30,25 @@ inline int min_vectors() {
     throw Error(std::string("FT_CPU_MOE_AMX_MIN='") + e + "' must be an integer from 1 to 8 (vectors per call)");
   }
   return static_cast<int>(v);
+}
+
+// A format's kernel choice from $env_name, read when a layer is made: "auto" when unset, else one of
+// `names` (the format's vector kernels, "bf16" among them, and "amx"), whose error lists `expected`.
+// bf16 and amx need the avx512_bf16 tier, amx also a CPU and OS that run AMX-BF16 tiles; asking for
+// either where they cannot run raises.
+inline std::string kernel_choice(const char* env_name, Isa isa, std::initializer_list<const char*> names,
+                                 const char* expected) {
+  const char* e = std::getenv(env_name);
+  const std::string v = e && *e ? e : "auto";
+  bool known = v == "auto";
+  for (const char* n : names) known = known || v == n;
+  const std::string var = std::string(env_name) + "='" + v + "'";
+  if (!known) throw Error(var + " is unknown; expected " + expected);
+  if ((v == "bf16" || v == "amx") && isa != Isa::avx512_bf16) {
+    throw Error(var + " needs the avx512_bf16 tier; this layer runs tier '" + isa_name(isa) + "'");
+  }
+  if (v == "amx" && !cpu_amx_bf16()) throw Error(var + ": this CPU or OS does not run AMX-BF16 tiles");
+  return v;
 }
 
 #if FT_X86

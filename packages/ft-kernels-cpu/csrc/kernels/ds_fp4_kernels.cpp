@@ -11,10 +11,10 @@
 #include "ds_fp4_kernels.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "amx_tiles.h"
 #include "dispatch_n.h"
 #include "fp4_avx512.h"
 #include "fp4_common.h"
@@ -186,35 +186,15 @@ void fp8_prep_vec(const float* v, int i0, int i1, int block, void* out) {
   }
 }
 
-const char* kernels_name(Kernels k) {
-  switch (k) {
-    case Kernels::bf16: return "bf16";
-    case Kernels::amx: return "amx";
-    default: return "fp32";
-  }
-}
-
 Kernels choose_kernels(Isa isa) {
-  const char* e = std::getenv("FT_CPU_MOE_DSFP4_KERNELS");
-  const std::string v = e ? e : "";
-  const bool top = isa == Isa::avx512_bf16;
-  if (v.empty() || v == "auto") {
-    if (!top) return Kernels::fp32;
+  const std::string v = amx::kernel_choice("FT_CPU_MOE_DSFP4_KERNELS", isa, {"fp32", "bf16", "amx"},
+                                           "auto, fp32, bf16 or amx");
+  if (v == "auto") {
+    if (isa != Isa::avx512_bf16) return Kernels::fp32;
     if (cpu_amx_bf16()) return Kernels::amx;
     return cpu_is_intel() ? Kernels::fp32 : Kernels::bf16;
   }
-  if (v == "fp32") return Kernels::fp32;
-  if (v != "bf16" && v != "amx") {
-    throw Error("FT_CPU_MOE_DSFP4_KERNELS='" + v + "' is unknown; expected auto, fp32, bf16 or amx");
-  }
-  if (!top) {
-    throw Error("FT_CPU_MOE_DSFP4_KERNELS='" + v + "' needs the avx512_bf16 tier; this layer runs tier '" +
-                isa_name(isa) + "'");
-  }
-  if (v == "amx" && !cpu_amx_bf16()) {
-    throw Error("FT_CPU_MOE_DSFP4_KERNELS='amx': this CPU or OS does not run AMX-BF16 tiles");
-  }
-  return v == "amx" ? Kernels::amx : Kernels::bf16;
+  return v == "amx" ? Kernels::amx : v == "bf16" ? Kernels::bf16 : Kernels::fp32;
 }
 
 size_t vec_bytes(int K) { return (static_cast<size_t>(K) + 127) / 128 * 128 * sizeof(uint16_t); }

@@ -20,7 +20,6 @@ namespace dsfp4 {
 //   amx   amx_dot_rows_multi below (AMX-BF16 tiles) for calls of at least amx::min_vectors() vectors,
 //         fp32 for the others (prepared vectors in both layouts): avx512_bf16 on a CPU with AMX-BF16.
 enum class Kernels { fp32, bf16, amx };
-const char* kernels_name(Kernels k);
 // $FT_CPU_MOE_DSFP4_KERNELS (auto, fp32, bf16 or amx), read when a layer is made; auto or unset is
 // fp32 below avx512_bf16, and in it amx where the CPU has AMX-BF16, else bf16 on AMD and fp32 on
 // Intel (where VDPBF16PS was measured slower for ds_fp4). Asking for kernels the tier or the CPU

@@ -21,7 +21,6 @@
 // The batched hooks decode each weight chunk once and multiply it into up to 8 vectors.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <string>
 
 #include "format.h"
@@ -434,20 +433,8 @@ void fp8_rows(Isa isa, const uint8_t* W, int r0, int nrows, const float* S, int 
 // the tiles (layers of block_size 128; other block sizes keep VDPBF16PS), `bf16` keeps VDPBF16PS for
 // every call. Returns the vector count from which the tiles run, 0 for never.
 int fp8_amx_min(Isa isa) {
-  const char* e = std::getenv("FT_CPU_MOE_FP8_KERNELS");
-  const std::string v = e ? e : "";
-  if (v != "" && v != "auto" && v != "bf16" && v != "amx") {
-    throw Error("FT_CPU_MOE_FP8_KERNELS='" + v + "' is unknown; expected auto, bf16 or amx");
-  }
-  const bool top = isa == Isa::avx512_bf16;
-  if ((v == "bf16" || v == "amx") && !top) {
-    throw Error("FT_CPU_MOE_FP8_KERNELS='" + v + "' needs the avx512_bf16 tier; this layer runs tier '" +
-                isa_name(isa) + "'");
-  }
-  if (v == "amx" && !cpu_amx_bf16()) {
-    throw Error("FT_CPU_MOE_FP8_KERNELS='amx': this CPU or OS does not run AMX-BF16 tiles");
-  }
-  if (!top || v == "bf16" || !cpu_amx_bf16()) return 0;
+  const std::string v = amx::kernel_choice("FT_CPU_MOE_FP8_KERNELS", isa, {"bf16", "amx"}, "auto, bf16 or amx");
+  if (isa != Isa::avx512_bf16 || v == "bf16" || !cpu_amx_bf16()) return 0;
   return amx::min_vectors();
 }
 
