@@ -19,10 +19,10 @@ from helpers.moe_reference import ACTIVATIONS, BF16, activation, random_inputs, 
 TIERS = fk.isa_tiers()
 # (tier, FT_CPU_MOE_DSFP4_KERNELS, FT_CPU_MOE_AMX_MIN): each tier's default kernels, and in
 # avx512_bf16 each of its kernels by name; where this CPU runs AMX-BF16 tiles the amx kernels as they
-# are (tiles for calls of 4+ vectors, fp32 kernels below) and with tiles for every call.
+# are (tiles for calls of 4+ vectors, int16 kernels below) and with tiles for every call.
 VARIANTS = [(t, "auto", "") for t in TIERS if t != "avx512_bf16"]
 if "avx512_bf16" in TIERS:
-    VARIANTS += [("avx512_bf16", "fp32", ""), ("avx512_bf16", "bf16", "")]
+    VARIANTS += [("avx512_bf16", "fp32", ""), ("avx512_bf16", "bf16", ""), ("avx512_bf16", "int16", "")]
     if fk.cpu_amx_bf16():
         VARIANTS += [("avx512_bf16", "amx", ""), ("avx512_bf16", "amx", "1")]
 isa = tier_fixture("FT_CPU_MOE_DSFP4_KERNELS", VARIANTS)
@@ -154,7 +154,12 @@ def test_kernel_choice_errors(monkeypatch) -> None:
         ex.add_layer(0, "ds_fp4", num_experts=2, intermediate=32, banks=banks, options={"act_block": 32.0})
 
     assert_kernel_choice_errors(
-        monkeypatch, "FT_CPU_MOE_DSFP4_KERNELS", "auto, fp32, bf16 or amx", add_layer, TIERS
+        monkeypatch,
+        "FT_CPU_MOE_DSFP4_KERNELS",
+        "auto, fp32, bf16, int16 or amx",
+        add_layer,
+        TIERS,
+        tiered=("bf16", "int16", "amx"),
     )
     monkeypatch.setenv("FT_CPU_MOE_DSFP4_KERNELS", "fp32")
     add_layer("scalar")

@@ -33,11 +33,13 @@ def current_variant(env_name: str, tier: str) -> Variant:
     return (tier, os.environ[env_name], os.environ["FT_CPU_MOE_AMX_MIN"])
 
 
-def assert_kernel_choice_errors(monkeypatch, env_name: str, values: str, add_layer, tiers: list[str]) -> None:
-    """The errors of a kernel choice: an unknown value, bf16 / amx below the avx512_bf16 tier, amx on a
-    CPU without AMX-BF16 tiles (where the tier exists), a bad FT_CPU_MOE_AMX_MIN (where tiles run).
-    add_layer(tier) makes an executor of that tier and adds a layer; values: the error's list of
-    accepted values ("auto, bf16 or amx")."""
+def assert_kernel_choice_errors(
+    monkeypatch, env_name: str, values: str, add_layer, tiers: list[str], tiered=("bf16", "amx")
+) -> None:
+    """The errors of a kernel choice: an unknown value, the `tiered` choices below the avx512_bf16 tier,
+    amx on a CPU without AMX-BF16 tiles (where the tier exists), a bad FT_CPU_MOE_AMX_MIN (where
+    tiles run). add_layer(tier) makes an executor of that tier and adds a layer; values: the error's
+    list of accepted values ("auto, bf16 or amx")."""
 
     def add(tier: str, kernels: str) -> None:
         monkeypatch.setenv(env_name, kernels)
@@ -45,7 +47,7 @@ def assert_kernel_choice_errors(monkeypatch, env_name: str, values: str, add_lay
 
     with pytest.raises(fk.KernelError, match=rf"{env_name}='fast' is unknown; expected {values}"):
         add("scalar", "fast")
-    for kernels in ("bf16", "amx"):
+    for kernels in tiered:
         message = rf"{env_name}='{kernels}' needs the avx512_bf16 tier; this layer runs tier 'scalar'"
         with pytest.raises(fk.KernelError, match=message):
             add("scalar", kernels)

@@ -33,9 +33,9 @@ inline int min_vectors() {
 }
 
 // A format's kernel choice from $env_name, read when a layer is made: "auto" when unset, else one of
-// `names` (the format's vector kernels, "bf16" among them, and "amx"), whose error lists `expected`.
-// bf16 and amx need the avx512_bf16 tier, amx also a CPU and OS that run AMX-BF16 tiles; asking for
-// either where they cannot run raises.
+// `names` (the format's vector kernels and "amx"), whose error lists `expected`. Every choice but
+// auto and fp32 needs the avx512_bf16 tier, amx also a CPU and OS that run AMX-BF16 tiles; asking for
+// one where it cannot run raises.
 inline std::string kernel_choice(const char* env_name, Isa isa, std::initializer_list<const char*> names,
                                  const char* expected) {
   const char* e = std::getenv(env_name);
@@ -44,7 +44,7 @@ inline std::string kernel_choice(const char* env_name, Isa isa, std::initializer
   for (const char* n : names) known = known || v == n;
   const std::string var = std::string(env_name) + "='" + v + "'";
   if (!known) throw Error(var + " is unknown; expected " + expected);
-  if ((v == "bf16" || v == "amx") && isa != Isa::avx512_bf16) {
+  if (v != "auto" && v != "fp32" && isa != Isa::avx512_bf16) {
     throw Error(var + " needs the avx512_bf16 tier; this layer runs tier '" + isa_name(isa) + "'");
   }
   if (v == "amx" && !cpu_amx_bf16()) throw Error(var + ": this CPU or OS does not run AMX-BF16 tiles");

@@ -2,11 +2,12 @@
 // scale per 32 elements and no global scale; the activations are round-tripped through fp8 e4m3fn
 // before each GEMM, with one power-of-two scale per block of `act_block` elements (fp4_common.h,
 // fp8_round_trip): x before gate/up (prep_input), the activated intermediate before down
-// (prep_inter). The round-tripped values are q * 2^k with a 4-bit significand, exact in bf16, so the
-// avx512_bf16 tier loses nothing by holding them as bf16. Kernels (ds_fp4_kernels.h, choose_kernels):
-// in the avx512_bf16 tier, where the CPU has AMX tiles, those (ds_fp4_amx.cpp) for calls of 4 or more
-// vectors and fp4_kernels.cpp's fp32 kernels for the rest; without AMX VDPBF16PS (ds_fp4_kernels.cpp)
-// on AMD and the fp32 kernels on Intel; the fp32 kernels in the lower tiers.
+// (prep_inter). The round-tripped values are q * 2^k with a 4-bit significand, exact in bf16 and as
+// integers in units of 2^-9 of their scale, so the avx512_bf16 tier loses nothing by holding them as
+// bf16 or int16. Kernels (ds_fp4_kernels.h, choose_kernels): in the avx512_bf16 tier, where the CPU has
+// AMX tiles, those (ds_fp4_amx.cpp) for calls of 4 or more vectors, for the rest the int16 kernels
+// (VPDPWSSD, ds_fp4_kernels.cpp) against x and fp4_kernels.cpp's fp32 kernels against h; without AMX
+// the same int16 / fp32 pair on Intel and VDPBF16PS on AMD; the fp32 kernels in the lower tiers.
 //
 // Banks (E experts, H hidden, I intermediate; H and I multiples of 32):
 //   w13        [E, 2I, H/2]  u8   gate rows 0..I-1, then up rows I..2I-1 (not interleaved)
@@ -57,10 +58,10 @@ class DsFp4Format final : public MoeFormat {
 
   void prep_input(const TaskInput& in) override {
     const int H = p_.hidden;
-    const size_t stride = vec_bytes(H);
+    const size_t stride = vec_bytes(x_, H);
     xprep_.resize(stride * in.num_tokens);
     for (int t = 0; t < in.num_tokens; ++t) {
-      round_trip_prep(in.x_f32 + static_cast<size_t>(t) * H, H, 0, H, xprep_.data() + t * stride);
+      round_trip_prep(x_, in.x_f32 + static_cast<size_t>(t) * H, H, 0, H, xprep_.data() + t * stride);
     }
   }
 
@@ -68,10 +69,10 @@ class DsFp4Format final : public MoeFormat {
                float* up) const override {
     const size_t H = p_.hidden, I = p_.intermediate;
     const int n = i1 - i0;
-    const void* x = xprep_.data() + t * vec_bytes(p_.hidden);
+    const void* x = xprep_.data() + t * vec_bytes(x_, p_.hidden);
     const size_t g0 = static_cast<size_t>(e) * 2 * I + i0, u0 = g0 + I;
-    dot_rows(w13_ + g0 * (H / 2), s13_ + g0 * (H / 32), n, &x, 1, p_.hidden, gate, n);
-    dot_rows(w13_ + u0 * (H / 2), s13_ + u0 * (H / 32), n, &x, 1, p_.hidden, up, n);
+    dot_rows(x_, w13_ + g0 * (H / 2), s13_ + g0 * (H / 32), n, &x, 1, p_.hidden, gate, n);
+    dot_rows(x_, w13_ + u0 * (H / 2), s13_ + u0 * (H / 32), n, &x, 1, p_.hidden, up, n);
     if (in_scale != 1.f) {
       for (int i = 0; i < n; ++i) gate[i] *= in_scale, up[i] *= in_scale;
     }
@@ -85,22 +86,22 @@ class DsFp4Format final : public MoeFormat {
     }
     const size_t H = p_.hidden, I = p_.intermediate;
     const int rows = i1 - i0;
-    const size_t xstride = vec_bytes(p_.hidden);
+    const size_t xstride = vec_bytes(x_, p_.hidden);
     const void* xs[kMaxTokensPerCall];
     for (int j = 0; j < n; ++j) xs[j] = xprep_.data() + tokens[j] * xstride;
     const size_t g0 = static_cast<size_t>(e) * 2 * I + i0, u0 = g0 + I;
-    dot_rows(w13_ + g0 * (H / 2), s13_ + g0 * (H / 32), rows, xs, n, p_.hidden, gate, stride);
-    dot_rows(w13_ + u0 * (H / 2), s13_ + u0 * (H / 32), rows, xs, n, p_.hidden, up, stride);
+    dot_rows(x_, w13_ + g0 * (H / 2), s13_ + g0 * (H / 32), rows, xs, n, p_.hidden, gate, stride);
+    dot_rows(x_, w13_ + u0 * (H / 2), s13_ + u0 * (H / 32), rows, xs, n, p_.hidden, up, stride);
     for (int j = 0; j < n; ++j) {
       if (in_scales[j] == 1.f) continue;
       for (int i = 0; i < rows; ++i) gate[j * stride + i] *= in_scales[j], up[j * stride + i] *= in_scales[j];
     }
   }
 
-  size_t inter_prep_bytes() const override { return vec_bytes(p_.intermediate); }
+  size_t inter_prep_bytes() const override { return vec_bytes(h_, p_.intermediate); }
 
   void prep_inter(const float* h, int i0, int i1, void* prepped) const override {
-    round_trip_prep(h + i0, p_.intermediate, i0, i1, prepped);
+    round_trip_prep(h_, h + i0, p_.intermediate, i0, i1, prepped);
   }
 
   void down_rows(int e, int h0, int h1, const RouteRef* routes, int n, float* out, int stride) const override {
@@ -108,41 +109,60 @@ class DsFp4Format final : public MoeFormat {
     const size_t row0 = static_cast<size_t>(e) * H + h0;
     const void* hs[kMaxTokensPerCall];
     for (int j = 0; j < n; ++j) hs[j] = routes[j].h_prepped;
-    dot_rows(w2_ + row0 * (I / 2), s2_ + row0 * (I / 32), h1 - h0, hs, n, p_.intermediate, out, stride);
+    dot_rows(h_, w2_ + row0 * (I / 2), s2_ + row0 * (I / 32), h1 - h0, hs, n, p_.intermediate, out, stride);
   }
 
  private:
-  // Bytes of a prepared vector of K elements: the fp32 kernels' layout, the bf16 one, or (amx) both,
-  // the fp32 one first.
-  size_t fp32_bytes(int K) const { return kernels_ == dsfp4::Kernels::bf16 ? 0 : fp4::vec_bytes(p_.isa, K); }
-  size_t bf16_bytes(int K) const { return kernels_ == dsfp4::Kernels::fp32 ? 0 : dsfp4::vec_bytes(K); }
-  size_t vec_bytes(int K) const { return fp32_bytes(K) + bf16_bytes(K); }
+  // The prepared vectors of x and of h: one layout of ds_fp4_kernels.h, and where tiles run the bf16
+  // layout after it.
+  enum class Layout { fp32, bf16, int16 };
+  // x in int16 records (VPDPWSSD, ~15 operations per 64 bytes of weights against ~25 for the fp32
+  // kernels), h in the fp32 layout with the int16 and amx choices: about 90% of h's steps need the
+  // records' low part (h spans more than 11 binades of its block's largest element; x 4-8%), which
+  // made the down rows slower than the fp32 kernels (docs/benchmarks.md).
+  static Layout x_layout(dsfp4::Kernels k) {
+    return k == dsfp4::Kernels::fp32 ? Layout::fp32 : k == dsfp4::Kernels::bf16 ? Layout::bf16 : Layout::int16;
+  }
+  static Layout h_layout(dsfp4::Kernels k) { return k == dsfp4::Kernels::bf16 ? Layout::bf16 : Layout::fp32; }
+  size_t first_bytes(Layout L, int K) const {
+    switch (L) {
+      case Layout::fp32: return fp4::vec_bytes(p_.isa, K);
+      case Layout::bf16: return dsfp4::vec_bytes(K);
+      case Layout::int16: return dsfp4::int16_vec_bytes(K);
+    }
+    return 0;
+  }
+  size_t vec_bytes(Layout L, int K) const { return first_bytes(L, K) + (amx_min_ ? dsfp4::vec_bytes(K) : 0); }
   // The fp8 round trip of elements [i0, i1) of a vector of K, given as v[i - i0], into the prepared
-  // vector `out`.
-  void round_trip_prep(const float* v, int K, int i0, int i1, void* out) const {
-    if (kernels_ == dsfp4::Kernels::bf16) {
-      dsfp4::fp8_prep_vec(v, i0, i1, act_block_, out);
-      return;
+  // vector `out` of layout L.
+  void round_trip_prep(Layout L, const float* v, int K, int i0, int i1, void* out) const {
+    void* tiles = amx_min_ ? static_cast<char*>(out) + first_bytes(L, K) : nullptr;
+    switch (L) {
+      case Layout::bf16: dsfp4::fp8_prep(v, i0, i1, act_block_, nullptr, out); return;
+      case Layout::int16: dsfp4::fp8_prep(v, i0, i1, act_block_, out, tiles); return;
+      case Layout::fp32: break;
     }
     float q[kPrepRows];  // i1 - i0 <= kPrepRows in prep_inter; prep_input goes 128 at a time
     for (int g = i0; g < i1; g += kPrepRows) {
       const int n = std::min(kPrepRows, i1 - g);
       dsfp4::fp8_round_trip(p_.isa, v + (g - i0), n, act_block_, q);
       fp4::prep_vec(p_.isa, q, g, g + n, out);
-      if (kernels_ == dsfp4::Kernels::amx) dsfp4::bf16_layout(q, g, g + n, static_cast<char*>(out) + fp32_bytes(K));
+      if (tiles) dsfp4::bf16_layout(q, g, g + n, tiles);
     }
   }
-  // out[j * os + r] = W[r] . xs[j], j < n.
-  void dot_rows(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K, float* out,
-                int os) const {
-    if (kernels_ == dsfp4::Kernels::amx && n >= amx_min_) {
+  // out[j * os + r] = W[r] . xs[j], j < n, for vectors of layout L.
+  void dot_rows(Layout L, const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
+                float* out, int os) const {
+    if (amx_min_ && n >= amx_min_) {
       const void* xb[kMaxTokensPerCall];
-      for (int j = 0; j < n; ++j) xb[j] = static_cast<const char*>(xs[j]) + fp32_bytes(K);
+      for (int j = 0; j < n; ++j) xb[j] = static_cast<const char*>(xs[j]) + first_bytes(L, K);
       dsfp4::amx_dot_rows_multi(W, S, nrows, xb, n, K, out, os, pf_);
-    } else if (kernels_ == dsfp4::Kernels::bf16) {
-      dsfp4::dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_);
-    } else {
-      fp4::dot_rows_multi(p_.isa, W, S, nrows, xs, n, K, out, os, pf_);
+      return;
+    }
+    switch (L) {
+      case Layout::int16: dsfp4::int16_dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_); return;
+      case Layout::bf16: dsfp4::dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_); return;
+      case Layout::fp32: fp4::dot_rows_multi(p_.isa, W, S, nrows, xs, n, K, out, os, pf_); return;
     }
   }
 
@@ -152,7 +172,8 @@ class DsFp4Format final : public MoeFormat {
   MoeParams p_;
   int pf_ = fp4::prefetch_distance(p_.prefetch, p_.prefetch_explicit);  // after p_ (declaration order)
   dsfp4::Kernels kernels_ = dsfp4::choose_kernels(p_.isa);
-  int amx_min_ = kernels_ == dsfp4::Kernels::amx ? amx::min_vectors() : 0;
+  Layout x_ = x_layout(kernels_), h_ = h_layout(kernels_);
+  int amx_min_ = kernels_ == dsfp4::Kernels::amx ? amx::min_vectors() : 0;  // 0: no tiles
   int act_block_ = 128;
   const uint8_t* w13_;
   const uint8_t* s13_;

@@ -1,13 +1,25 @@
-// ds_fp4 row kernels of the avx512_bf16 tier (ds_fp4_kernels.h).
+// ds_fp4 row kernels of the avx512_bf16 tier and the preparation of their vectors (ds_fp4_kernels.h).
 //
-// One step is 4 blocks of 32 (64 bytes, one load): 3 VPSRLW + 4 VPERMW turn the nibbles into 4
-// vectors of 32 bf16 words (word m of vector j holds element 4m + j of the step); 4 VDPBF16PS, one
-// chain from zero, sum the step into 16 fp32 lanes (lane l: block l / 4 only); one FMA applies the 4
-// blocks' e8m0 scales. The scales come 16 blocks at a time (one conversion per 4 steps). For n
-// vectors the decoded words are shared: per vector and step 4 VDPBF16PS + 1 FMA, which on Zen 5
-// (both run on the two FMA pipes) is the bound at n = 8. Every loop is unrolled over the vectors
-// so that nothing of a step lives in memory (the previous kernels kept per-vector temporaries on the
-// stack). Horizontal sums once per row.
+// Both kernels decode a step of 4 blocks of 32 (64 bytes, one load) the same way: 3 VPSRLW + 4 VPERMW
+// turn the nibbles into 4 vectors of 32 words (word m of vector j holds element 4m + j of the step),
+// and then, per vector of the call:
+//   bf16   the words are bf16 values; 4 VDPBF16PS, one chain from zero, sum the step into 16 fp32
+//          lanes (lane l: elements 8l .. 8l + 7, block l / 4 only); one FMA applies the blocks' e8m0
+//          scales. On Zen 5 VDPBF16PS runs on both FMA pipes; on the GPU machine's Xeon it costs ~2.5
+//          cycles (docs/benchmarks.md), four or five FMAs.
+//   int16  the words are 2 * e2m1 as int16, the vector int16 (layout below); 4 VPDPWSSD (two per
+//          cycle on that Xeon) sum the step exactly into 16 int32 lanes, converted and scaled by one
+//          multiply and one FMA. About 15 operations per 64 bytes for one vector, against ~25 for
+//          fp4_kernels.cpp's fp32 kernels.
+// For n vectors the decoded words are shared. Every loop is unrolled over the vectors so that nothing
+// of a step lives in memory; horizontal sums once per row. The e8m0 scales come 16 blocks at a time.
+//
+// The int16 vectors are exact: a round-tripped value is q * s with q an e4m3 value (a multiple of
+// 2^-9, |q| <= 448) and s the power-of-two scale of its activation block, so x = q * 2^9 is an integer
+// of up to 18 bits. The record of a step holds hi = x >> 3 (|hi| <= 28672, int16) for every element;
+// x & 7 is non-zero only for |q| < 2^-3, values below 2^-11 of their block's largest, and a step
+// holding any such element also carries lo = x & 7 and a flag, so that the kernels add 8 * hi . w +
+// lo . w for it (a branch per step and vector that real activations rarely take).
 #include "ds_fp4_kernels.h"
 
 #include <algorithm>
@@ -28,33 +40,215 @@ namespace {
 
 using Prefetch = StreamPrefetch<PrefetchHint::L2>;  // as fp4_kernels.cpp (measured there)
 
+// The int16 record of a step of 128 elements (int16_vec_bytes): words as the bf16 layout.
+constexpr size_t kHi = 0;       // 4 x 32 int16 hi
+constexpr size_t kScale = 256;  // 16 fp32 lanes: lane l = s * 2^-7 of elements 8l .. 8l + 7
+constexpr size_t kFlag = 320;   // int32: non-zero if the step carries lo
+constexpr size_t kLo = 384;     // 4 x 32 int16 lo (0 .. 7)
+constexpr size_t kRecord = 640;
+
 #if FT_X86
 
-// One step: the 4 blocks at w against every vector's words at element offset xo, scaled by sc.
-template <int NV>
-FT_TARGET_AVX512_BF16 inline void step(const uint8_t* w, int blocks, __m512 sc, const uint16_t* const* xs, int xo,
-                                       __m512i lut, __m512* acc) {
-  const __m512i wv = fp4::load_blocks(w, blocks);
-  const __m512bh w0 = (__m512bh)_mm512_permutexvar_epi16(wv, lut);
-  const __m512bh w1 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 4), lut);
-  const __m512bh w2 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 8), lut);
-  const __m512bh w3 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 12), lut);
-#pragma GCC unroll 8
-  for (int j = 0; j < NV; ++j) {
-    const uint16_t* x = xs[j] + xo;
-    __m512 t = _mm512_dpbf16_ps(_mm512_setzero_ps(), w0, (__m512bh)_mm512_loadu_si512(x));
-    t = _mm512_dpbf16_ps(t, w1, (__m512bh)_mm512_loadu_si512(x + 32));
-    t = _mm512_dpbf16_ps(t, w2, (__m512bh)_mm512_loadu_si512(x + 64));
-    t = _mm512_dpbf16_ps(t, w3, (__m512bh)_mm512_loadu_si512(x + 96));
-    acc[j] = _mm512_fmadd_ps(t, sc, acc[j]);
+// ---- the fp8 e4m3 round trip, 128 elements at a time ----
+
+// One step of n <= 128 elements of v in activation blocks of `block` (a multiple of 16 dividing 128)
+// from v[0]: r[i] holds the e4m3 values (v / s rounded, signed, as fp32) of elements 16i .. 16i + 15,
+// zero past n; s[i] their block's scale (fp4_common.h's fp8_round_trip, bit for bit).
+FT_TARGET_AVX512 void e4m3_step(const float* v, int n, int block, __m512* r, float* s) {
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  const __m512 small = _mm512_set1_ps(0.015625f), sat = _mm512_set1_ps(448.f);
+  for (int b0 = 0; b0 < 128; b0 += block) {
+    const int m = std::clamp(n - b0, 0, block);
+    if (m == 0) {
+      for (int i = b0 / 16; i < (b0 + block) / 16; ++i) r[i] = _mm512_setzero_ps(), s[i] = 0.f;
+      continue;
+    }
+    auto mask = [&](int i) {
+      return m - i >= 16 ? static_cast<__mmask16>(0xffff) : m > i ? static_cast<__mmask16>((1u << (m - i)) - 1u) : 0;
+    };
+    __m512 mx = _mm512_setzero_ps();
+    for (int i = 0; i < m; i += 16) mx = _mm512_max_ps(mx, _mm512_and_ps(_mm512_maskz_loadu_ps(mask(i), v + b0 + i), absmask));
+    // The scale exactly as fp8_round_trip: max(amax, 1e-4) / 448 rounded up to a power of two.
+    float sc = std::max(_mm512_reduce_max_ps(mx), 1e-4f) / 448.f;
+    uint32_t bits;
+    std::memcpy(&bits, &sc, sizeof bits);
+    if (bits & 0x7fffffu) bits = (bits & 0xff800000u) + 0x800000u;
+    std::memcpy(&sc, &bits, sizeof sc);
+    // v / s == v * (1 / s) exactly: s is a power of two within the normal range, so is 1 / s.
+    const __m512 inv = _mm512_set1_ps(1.f / sc);
+    for (int i = 0; i < block; i += 16) {
+      const __m512 y = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask(i), v + b0 + i), inv);
+      const __m512 a = _mm512_and_ps(y, absmask);
+      // Below 2^-6: multiples of 2^-9, nearest even (ROUNDSCALE keeping 9 fraction bits). Above:
+      // 3 mantissa bits, nearest even, by the integer carry of fp8_round_trip.
+      const __m512 r_small = _mm512_roundscale_ps(a, (9 << 4) | _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m512i ai = _mm512_castps_si512(a);
+      const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(ai, 20), _mm512_set1_epi32(1));
+      const __m512i big = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(ai, _mm512_set1_epi32(0x7ffff)), odd),
+                                           _mm512_set1_epi32(~0xfffff));
+      __m512 q = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, small, _CMP_LT_OQ), _mm512_castsi512_ps(big), r_small);
+      q = _mm512_min_ps(q, sat);
+      r[(b0 + i) / 16] = _mm512_or_ps(q, _mm512_andnot_ps(absmask, y));  // copysign(q, y)
+      s[(b0 + i) / 16] = sc;
+    }
   }
 }
 
-template <int NV>
-FT_TARGET_AVX512_BF16 void rows(const uint8_t* W, const uint8_t* S, int nrows, const uint16_t* const* xs, int K,
+// The word layout of 128 elements, element e in lane e % 16 of v[e / 16] (the low word of each dword,
+// or the high one): out + 32j + k = element 4k + j. Per pair of v one VPERMT2W puts the 8 words k of
+// each j in 128-bit lane j; a 4 x 4 transpose of those lanes makes the 4 vectors.
+template <bool High>
+FT_TARGET_AVX512 void store_words(const __m512i* v, uint16_t* out) {
+  alignas(64) uint16_t idx[32];
+  for (int j = 0; j < 4; ++j) {
+    for (int k = 0; k < 8; ++k) idx[8 * j + k] = static_cast<uint16_t>(2 * (4 * k + j) + (High ? 1 : 0));
+  }
+  const __m512i ix = _mm512_load_si512(idx);
+  __m512i p[4];
+  for (int q = 0; q < 4; ++q) p[q] = _mm512_permutex2var_epi16(v[2 * q], ix, v[2 * q + 1]);
+  const __m512i t0 = _mm512_shuffle_i64x2(p[0], p[1], 0x44), t1 = _mm512_shuffle_i64x2(p[0], p[1], 0xee);
+  const __m512i t2 = _mm512_shuffle_i64x2(p[2], p[3], 0x44), t3 = _mm512_shuffle_i64x2(p[2], p[3], 0xee);
+  _mm512_storeu_si512(out, _mm512_shuffle_i64x2(t0, t2, 0x88));
+  _mm512_storeu_si512(out + 32, _mm512_shuffle_i64x2(t0, t2, 0xdd));
+  _mm512_storeu_si512(out + 64, _mm512_shuffle_i64x2(t1, t3, 0x88));
+  _mm512_storeu_si512(out + 96, _mm512_shuffle_i64x2(t1, t3, 0xdd));
+}
+
+// The round-tripped values q * s of r, s (e4m3_step) in the bf16 layout: the top half of their fp32
+// bits, exact.
+FT_TARGET_AVX512 void store_bf16(const __m512* r, const float* s, uint16_t* out) {
+  __m512i q[8];
+  for (int i = 0; i < 8; ++i) q[i] = _mm512_castps_si512(_mm512_mul_ps(r[i], _mm512_set1_ps(s[i])));
+  store_words<true>(q, out);
+}
+
+// The int16 record of r, s (e4m3_step).
+FT_TARGET_AVX512 void store_int16(const __m512* r, const float* s, char* rec) {
+  __m512i hi[8], lo[8];
+  __m512i any = _mm512_setzero_si512();
+  for (int i = 0; i < 8; ++i) {
+    const __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(r[i], _mm512_set1_ps(512.f)));  // exact integers
+    hi[i] = _mm512_srai_epi32(x, 3);
+    lo[i] = _mm512_and_si512(x, _mm512_set1_epi32(7));
+    any = _mm512_or_si512(any, lo[i]);
+  }
+  store_words<false>(hi, reinterpret_cast<uint16_t*>(rec + kHi));
+  float* sl = reinterpret_cast<float*>(rec + kScale);
+  for (int l = 0; l < 16; ++l) sl[l] = s[l / 2] * 0x1p-7f;
+  const int32_t flag = _mm512_test_epi32_mask(any, any) != 0;
+  std::memcpy(rec + kFlag, &flag, sizeof flag);
+  if (flag) {
+    store_words<false>(lo, reinterpret_cast<uint16_t*>(rec + kLo));
+  } else {
+    std::memset(rec + kLo, 0, kRecord - kLo);  // never read; defined anyway
+  }
+}
+
+// fp8_round_trip for the avx512 tiers (blocks of 16 .. 128 dividing 128).
+FT_TARGET_AVX512 void round_trip_avx512(const float* v, int n, int block, float* q) {
+  __m512 r[8];
+  float s[8];
+  for (int g = 0; g < n; g += 128) {
+    const int m = std::min(128, n - g);
+    e4m3_step(v + g, m, block, r, s);
+    for (int i = 0; 16 * i < m; ++i) {
+      const __mmask16 k =
+          m - 16 * i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (m - 16 * i)) - 1u);
+      _mm512_mask_storeu_ps(q + g + 16 * i, k, _mm512_mul_ps(r[i], _mm512_set1_ps(s[i])));
+    }
+  }
+}
+
+// fp8_prep (ds_fp4_kernels.h).
+FT_TARGET_AVX512 void prep_avx512(const float* v, int i0, int i1, int block, void* int16_out, void* bf16_out) {
+  __m512 r[8];
+  float s[8];
+  for (int g = i0; g < i1; g += 128) {
+    e4m3_step(v + (g - i0), std::min(128, i1 - g), block, r, s);
+    if (int16_out) store_int16(r, s, static_cast<char*>(int16_out) + g / 128 * kRecord);
+    if (bf16_out) store_bf16(r, s, static_cast<uint16_t*>(bf16_out) + g);
+  }
+}
+
+// bf16_layout (ds_fp4_kernels.h).
+FT_TARGET_AVX512 void bf16_layout_avx512(const float* q, int i0, int i1, uint16_t* out) {
+  for (int g = i0; g < i1; g += 128) {
+    const int n = std::min(128, i1 - g);
+    __m512i v[8];
+    for (int i = 0; i < 8; ++i) {
+      const int m = std::clamp(n - 16 * i, 0, 16);
+      v[i] = _mm512_maskz_loadu_epi32(static_cast<__mmask16>((1u << m) - 1u), q + (g - i0) + 16 * i);
+    }
+    store_words<true>(v, out + g);
+  }
+}
+
+// ---- row kernels ----
+
+// One step of 4 blocks of the bf16 kernels: x in the bf16 layout, xo its word offset.
+struct Bf16Step {
+  static uint16_t word(float v) { return f32_to_bf16(v); }
+  template <int NV>
+  FT_TARGET_AVX512_BF16 static inline void run(const __m512i* wd, __m512 sc, const void* const* xs, int st,
+                                               __m512* acc) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) {
+      const uint16_t* x = static_cast<const uint16_t*>(xs[j]) + 128 * st;
+      __m512 t = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)wd[0], (__m512bh)_mm512_loadu_si512(x));
+      t = _mm512_dpbf16_ps(t, (__m512bh)wd[1], (__m512bh)_mm512_loadu_si512(x + 32));
+      t = _mm512_dpbf16_ps(t, (__m512bh)wd[2], (__m512bh)_mm512_loadu_si512(x + 64));
+      t = _mm512_dpbf16_ps(t, (__m512bh)wd[3], (__m512bh)_mm512_loadu_si512(x + 96));
+      acc[j] = _mm512_fmadd_ps(t, sc, acc[j]);
+    }
+  }
+};
+
+// One step of the int16 kernels: x as int16 records (kRecord bytes a step).
+struct Int16Step {
+  static uint16_t word(float v) { return static_cast<uint16_t>(static_cast<int16_t>(2.f * v)); }
+  template <int NV>
+  FT_TARGET_AVX512_BF16 static inline void run(const __m512i* wd, __m512 sc, const void* const* xs, int st,
+                                               __m512* acc) {
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) {
+      const char* rec = static_cast<const char*>(xs[j]) + kRecord * st;
+      __m512i t = _mm512_dpwssd_epi32(_mm512_setzero_si512(), wd[0], _mm512_loadu_si512(rec + kHi));
+      t = _mm512_dpwssd_epi32(t, wd[1], _mm512_loadu_si512(rec + kHi + 64));
+      t = _mm512_dpwssd_epi32(t, wd[2], _mm512_loadu_si512(rec + kHi + 128));
+      t = _mm512_dpwssd_epi32(t, wd[3], _mm512_loadu_si512(rec + kHi + 192));
+      __m512 f;
+      if (__builtin_expect(*reinterpret_cast<const int32_t*>(rec + kFlag) != 0, 0)) {
+        t = _mm512_slli_epi32(t, 3);
+        t = _mm512_dpwssd_epi32(t, wd[0], _mm512_loadu_si512(rec + kLo));
+        t = _mm512_dpwssd_epi32(t, wd[1], _mm512_loadu_si512(rec + kLo + 64));
+        t = _mm512_dpwssd_epi32(t, wd[2], _mm512_loadu_si512(rec + kLo + 128));
+        t = _mm512_dpwssd_epi32(t, wd[3], _mm512_loadu_si512(rec + kLo + 192));
+        f = _mm512_mul_ps(_mm512_cvtepi32_ps(t), _mm512_set1_ps(0.125f));
+      } else {
+        f = _mm512_cvtepi32_ps(t);
+      }
+      acc[j] = _mm512_fmadd_ps(f, _mm512_mul_ps(sc, _mm512_loadu_ps(reinterpret_cast<const float*>(rec + kScale))),
+                               acc[j]);
+    }
+  }
+};
+
+// The 4 blocks at w (`blocks` of them, zeros after) decoded to words through lut, step st of every vector.
+template <class Step, int NV>
+FT_TARGET_AVX512_BF16 inline void step(const uint8_t* w, int blocks, __m512 sc, const void* const* xs, int st,
+                                       __m512i lut, __m512* acc) {
+  const __m512i wv = fp4::load_blocks(w, blocks);
+  const __m512i wd[4] = {_mm512_permutexvar_epi16(wv, lut), _mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 4), lut),
+                         _mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 8), lut),
+                         _mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 12), lut)};
+  Step::template run<NV>(wd, sc, xs, st, acc);
+}
+
+template <class Step, int NV>
+FT_TARGET_AVX512_BF16 void rows(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int K,
                                 float* out, int os, const Prefetch& pw, const Prefetch& ps) {
   alignas(64) uint16_t table[32];
-  for (int i = 0; i < 32; ++i) table[i] = f32_to_bf16(fp4::kE2m1[i & 15]);  // index bit 4 ignored
+  for (int i = 0; i < 32; ++i) table[i] = Step::word(fp4::kE2m1[i & 15]);  // index bit 4 ignored
   const __m512i lut = _mm512_load_si512(table);
   const __m512i idx0 = fp4::scale_index(0), idx1 = fp4::scale_index(1);
   const __m512i idx2 = fp4::scale_index(2), idx3 = fp4::scale_index(3);
@@ -79,10 +273,11 @@ FT_TARGET_AVX512_BF16 void rows(const uint8_t* W, const uint8_t* S, int nrows, c
         pw.ahead(wp + 128);
         pw.ahead(wp + 192);
       }
-      step<NV>(wp, 4, _mm512_permutexvar_ps(idx0, sf), xs, 32 * b, lut, a0);
-      step<NV>(wp + 64, 4, _mm512_permutexvar_ps(idx1, sf), xs, 32 * b + 128, lut, two ? a1 : a0);
-      step<NV>(wp + 128, 4, _mm512_permutexvar_ps(idx2, sf), xs, 32 * b + 256, lut, a0);
-      step<NV>(wp + 192, 4, _mm512_permutexvar_ps(idx3, sf), xs, 32 * b + 384, lut, two ? a1 : a0);
+      const int st = b / 4;
+      step<Step, NV>(wp, 4, _mm512_permutexvar_ps(idx0, sf), xs, st, lut, a0);
+      step<Step, NV>(wp + 64, 4, _mm512_permutexvar_ps(idx1, sf), xs, st + 1, lut, two ? a1 : a0);
+      step<Step, NV>(wp + 128, 4, _mm512_permutexvar_ps(idx2, sf), xs, st + 2, lut, a0);
+      step<Step, NV>(wp + 192, 4, _mm512_permutexvar_ps(idx3, sf), xs, st + 3, lut, two ? a1 : a0);
     }
     if (b < nb) {
       const __m512 sf = fp4::e8m0x16(s + b, nb - b);
@@ -90,8 +285,9 @@ FT_TARGET_AVX512_BF16 void rows(const uint8_t* W, const uint8_t* S, int nrows, c
       for (int u = 0; b + 4 * u < nb; ++u) {
         const int bu = b + 4 * u;
         if (pw.dist) pw.ahead(w + 16 * bu);
-        step<NV>(w + 16 * bu, nb - bu, _mm512_permutexvar_ps(idx[u], sf), xs, 32 * bu, lut,
-                 two && (u & 1) ? a1 : a0);
+        // a0 only: a runtime choice of array would keep both in memory (a1 is for the latency of
+        // the main loop).
+        step<Step, NV>(w + 16 * bu, nb - bu, _mm512_permutexvar_ps(idx[u], sf), xs, bu / 4, lut, a0);
       }
     }
     if constexpr (two) {
@@ -102,43 +298,14 @@ FT_TARGET_AVX512_BF16 void rows(const uint8_t* W, const uint8_t* S, int nrows, c
   }
 }
 
-// Round trip of v[0, n), n <= 128 elements in blocks of `block` from v[0], into q[0, n).
-FT_TARGET_AVX512 void round_trip_avx512(const float* v, int n, int block, float* q) {
-  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
-  const __m512 small = _mm512_set1_ps(0.015625f), sat = _mm512_set1_ps(448.f);
-  for (int b0 = 0; b0 < n; b0 += block) {
-    const int m = std::min(block, n - b0);
-    __m512 mx = _mm512_setzero_ps();
-    for (int i = 0; i < m; i += 16) {
-      const __mmask16 k = m - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (m - i)) - 1u);
-      mx = _mm512_max_ps(mx, _mm512_and_ps(_mm512_maskz_loadu_ps(k, v + b0 + i), absmask));
-    }
-    // The scale exactly as fp8_round_trip: max(amax, 1e-4) / 448 rounded up to a power of two.
-    float s = std::max(_mm512_reduce_max_ps(mx), 1e-4f) / 448.f;
-    uint32_t bits;
-    std::memcpy(&bits, &s, sizeof bits);
-    if (bits & 0x7fffffu) bits = (bits & 0xff800000u) + 0x800000u;
-    std::memcpy(&s, &bits, sizeof s);
-    // v / s == v * (1 / s) exactly: s is a power of two within the normal range, so is 1 / s.
-    const __m512 inv = _mm512_set1_ps(1.f / s), sv = _mm512_set1_ps(s);
-    for (int i = 0; i < m; i += 16) {
-      const __mmask16 k = m - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (m - i)) - 1u);
-      const __m512 y = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, v + b0 + i), inv);
-      const __m512 a = _mm512_and_ps(y, absmask);
-      // Below 2^-6: multiples of 2^-9, nearest even (ROUNDSCALE keeping 9 fraction bits). Above:
-      // 3 mantissa bits, nearest even, by the integer carry of fp8_round_trip.
-      const __m512 r_small = _mm512_roundscale_ps(a, (9 << 4) | _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      const __m512i ai = _mm512_castps_si512(a);
-      const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(ai, 20), _mm512_set1_epi32(1));
-      const __m512i big = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(ai, _mm512_set1_epi32(0x7ffff)), odd),
-                                           _mm512_set1_epi32(~0xfffff));
-      __m512 r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, small, _CMP_LT_OQ), _mm512_castsi512_ps(big), r_small);
-      r = _mm512_min_ps(r, sat);
-      // copysign(r, y), then * s (exact: a power of two, no underflow for r >= 2^-9)
-      r = _mm512_or_ps(r, _mm512_andnot_ps(absmask, y));
-      _mm512_mask_storeu_ps(q + b0 + i, k, _mm512_mul_ps(r, sv));
-    }
-  }
+template <class Step>
+void dot_rows_with(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K, float* out,
+                   int os, int prefetch) {
+  if (nrows <= 0 || n <= 0) return;
+  n = std::min(n, fp4::kMaxVectors);
+  const Prefetch pw(W, static_cast<size_t>(nrows) * (K / 2), prefetch);
+  const Prefetch ps(S, static_cast<size_t>(nrows) * (K / 32), prefetch / 16);
+  dispatch_n(n, [&](auto nv) { rows<Step, decltype(nv)::value>(W, S, nrows, xs, K, out, os, pw, ps); });
 }
 
 #endif  // FT_X86
@@ -147,8 +314,8 @@ FT_TARGET_AVX512 void round_trip_avx512(const float* v, int n, int block, float*
 
 void fp8_round_trip(Isa isa, const float* v, int n, int block, float* q) {
 #if FT_X86
-  if (isa >= Isa::avx512) {
-    for (int g = 0; g < n; g += 128) round_trip_avx512(v + g, std::min(128, n - g), block, q + g);
+  if (isa >= Isa::avx512 && block % 16 == 0 && 128 % block == 0) {
+    round_trip_avx512(v, n, block, q);
     return;
   }
 #else
@@ -157,61 +324,55 @@ void fp8_round_trip(Isa isa, const float* v, int n, int block, float* q) {
   fp4::fp8_round_trip(v, n, block, q);
 }
 
+size_t vec_bytes(int K) { return (static_cast<size_t>(K) + 127) / 128 * 128 * sizeof(uint16_t); }
+size_t int16_vec_bytes(int K) { return (static_cast<size_t>(K) + 127) / 128 * kRecord; }
+
 void bf16_layout(const float* q, int i0, int i1, void* out) {
-  uint16_t* o = static_cast<uint16_t*>(out);
-  for (int g = i0; g < i1; g += 128) {
-    const int n = std::min(128, i1 - g);
-    // The round-tripped values are exact in bf16: the top half of the fp32 bits.
-    for (int j = 0; j < 4; ++j) {
-      for (int k = 0; k < 32; ++k) {
-        const int e = 4 * k + j;
-        uint32_t bits = 0;
-        if (e < n) std::memcpy(&bits, q + (g - i0) + e, sizeof bits);
-        o[g + 32 * j + k] = static_cast<uint16_t>(bits >> 16);
-      }
-    }
-  }
+#if FT_X86
+  bf16_layout_avx512(q, i0, i1, static_cast<uint16_t*>(out));
+#else
+  (void)q, (void)i0, (void)i1, (void)out;
+  throw Error("ds_fp4 AMX kernels need x86");
+#endif
 }
 
-void fp8_prep_vec(const float* v, int i0, int i1, int block, void* out) {
-  alignas(64) float q[128];
-  for (int g = i0; g < i1; g += 128) {
-    const int n = std::min(128, i1 - g);
+void fp8_prep(const float* v, int i0, int i1, int block, void* int16_out, void* bf16_out) {
 #if FT_X86
-    round_trip_avx512(v + (g - i0), n, block, q);
+  prep_avx512(v, i0, i1, block, int16_out, bf16_out);
 #else
-    fp4::fp8_round_trip(v + (g - i0), n, block, q);
+  (void)v, (void)i0, (void)i1, (void)block, (void)int16_out, (void)bf16_out;
+  throw Error("ds_fp4 bf16 and int16 kernels need x86");
 #endif
-    bf16_layout(q, g, g + n, out);
-  }
 }
 
 Kernels choose_kernels(Isa isa) {
-  const std::string v = amx::kernel_choice("FT_CPU_MOE_DSFP4_KERNELS", isa, {"fp32", "bf16", "amx"},
-                                           "auto, fp32, bf16 or amx");
+  const std::string v = amx::kernel_choice("FT_CPU_MOE_DSFP4_KERNELS", isa, {"fp32", "bf16", "int16", "amx"},
+                                           "auto, fp32, bf16, int16 or amx");
   if (v == "auto") {
     if (isa != Isa::avx512_bf16) return Kernels::fp32;
     if (cpu_amx_bf16()) return Kernels::amx;
-    return cpu_is_intel() ? Kernels::fp32 : Kernels::bf16;
+    return cpu_is_intel() ? Kernels::int16 : Kernels::bf16;
   }
-  return v == "amx" ? Kernels::amx : v == "bf16" ? Kernels::bf16 : Kernels::fp32;
+  return v == "amx" ? Kernels::amx : v == "bf16" ? Kernels::bf16 : v == "int16" ? Kernels::int16 : Kernels::fp32;
 }
-
-size_t vec_bytes(int K) { return (static_cast<size_t>(K) + 127) / 128 * 128 * sizeof(uint16_t); }
 
 void dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K, float* out,
                     int os, int prefetch) {
-  if (nrows <= 0 || n <= 0) return;
-  n = std::min(n, fp4::kMaxVectors);
 #if FT_X86
-  const uint16_t* xh[fp4::kMaxVectors];
-  for (int j = 0; j < n; ++j) xh[j] = static_cast<const uint16_t*>(xs[j]);
-  const Prefetch pw(W, static_cast<size_t>(nrows) * (K / 2), prefetch);
-  const Prefetch ps(S, static_cast<size_t>(nrows) * (K / 32), prefetch / 16);
-  dispatch_n(n, [&](auto nv) { rows<decltype(nv)::value>(W, S, nrows, xh, K, out, os, pw, ps); });
+  dot_rows_with<Bf16Step>(W, S, nrows, xs, n, K, out, os, prefetch);
 #else
-  (void)W, (void)S, (void)xs, (void)K, (void)out, (void)os, (void)prefetch;
+  (void)W, (void)S, (void)nrows, (void)xs, (void)n, (void)K, (void)out, (void)os, (void)prefetch;
   throw Error("ds_fp4 bf16 kernels need x86");
+#endif
+}
+
+void int16_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
+                          float* out, int os, int prefetch) {
+#if FT_X86
+  dot_rows_with<Int16Step>(W, S, nrows, xs, n, K, out, os, prefetch);
+#else
+  (void)W, (void)S, (void)nrows, (void)xs, (void)n, (void)K, (void)out, (void)os, (void)prefetch;
+  throw Error("ds_fp4 int16 kernels need x86");
 #endif
 }
 

@@ -1,9 +1,14 @@
-// ds_fp4's own row kernels for the avx512_bf16 tier (ds_fp4_kernels.cpp). The activations of ds_fp4
-// are fp8 e4m3 values times a power of two (4 significant bits), exact in bf16, and e2m1 weights have
-// 2 significant bits: every VDPBF16PS product is exact, the sums are fp32.
+// ds_fp4's own row kernels for the avx512_bf16 tier (ds_fp4_kernels.cpp, ds_fp4_amx.cpp) and their
+// prepared vectors. The activations of ds_fp4 are fp8 e4m3 values times a power of two (4
+// significant bits), exact in bf16 and, in units of 2^-9 of their block's scale, integers of 18 bits;
+// e2m1 weights have 2 significant bits.
 //
-// Prepared vector (as fp4_common.h's avx512_bf16 layout): bf16, steps of 128 elements as 4 vectors
-// of 32 words, x[g + 32j + k] = element g + 4k + j, zero-padded to a multiple of 128.
+// Prepared vectors, in steps of 128 elements (zero-padded to a multiple of 128):
+//   bf16   4 vectors of 32 bf16 words, x[g + 32j + k] = element g + 4k + j (every VDPBF16PS product
+//          is exact, the sums are fp32); the layout of the bf16 and the AMX kernels.
+//   int16  a record of 640 bytes a step (ds_fp4_kernels.cpp): the same word order holding the
+//          integers x >> 3, a scale per 8 elements, and x & 7 where a step needs it. Every product
+//          and the sum of a step are exact integers.
 #pragma once
 
 #include <cstddef>
@@ -15,35 +20,43 @@ namespace ft {
 namespace dsfp4 {
 
 // The row kernels of a ds_fp4 layer.
-//   fp32  fp4_kernels.cpp's kernels (fp4_common.h's prepared vectors): every tier.
-//   bf16  dot_rows_multi below (VDPBF16PS): avx512_bf16.
-//   amx   amx_dot_rows_multi below (AMX-BF16 tiles) for calls of at least amx::min_vectors() vectors,
-//         fp32 for the others (prepared vectors in both layouts): avx512_bf16 on a CPU with AMX-BF16.
-enum class Kernels { fp32, bf16, amx };
-// $FT_CPU_MOE_DSFP4_KERNELS (auto, fp32, bf16 or amx), read when a layer is made; auto or unset is
-// fp32 below avx512_bf16, and in it amx where the CPU has AMX-BF16, else bf16 on AMD and fp32 on
-// Intel (where VDPBF16PS was measured slower for ds_fp4). Asking for kernels the tier or the CPU
-// cannot run raises.
+//   fp32   fp4_kernels.cpp's kernels (fp4_common.h's prepared vectors): every tier.
+//   bf16   dot_rows_multi below (VDPBF16PS): avx512_bf16.
+//   int16  int16_dot_rows_multi below (VPDPWSSD) against x, fp32 against h: avx512_bf16.
+//   amx    amx_dot_rows_multi below (AMX-BF16 tiles) for calls of at least amx::min_vectors() vectors,
+//          int16 / fp32 for the others (prepared vectors in two layouts): avx512_bf16 on a CPU with
+//          AMX-BF16.
+enum class Kernels { fp32, bf16, int16, amx };
+// $FT_CPU_MOE_DSFP4_KERNELS (auto, fp32, bf16, int16 or amx), read when a layer is made; auto or
+// unset is fp32 below avx512_bf16, and in it amx where the CPU has AMX-BF16, else int16 on Intel
+// (where VDPBF16PS costs ~2.5 cycles) and bf16 on AMD. Asking for kernels the tier or the CPU cannot
+// run raises.
 Kernels choose_kernels(Isa isa);
-// The layout of the bf16 and AMX kernels (below) of round-tripped values q[0, i1 - i0) for elements
-// [i0, i1), i0 a multiple of 128, i1 a multiple of 128 or the end of the vector.
-void bf16_layout(const float* q, int i0, int i1, void* out);
 
-size_t vec_bytes(int K);
+size_t vec_bytes(int K);        // bf16 layout
+size_t int16_vec_bytes(int K);  // int16 records
 // fp4_common.h's fp8_round_trip, bit for bit, in AVX-512 code for the avx512 tiers (blocks of
 // `block` from v[0]; 128 must be a multiple of block). The scalar round trip of x and h cost ~15 us
 // of a decode step on the GPU machine's Xeon.
 void fp8_round_trip(Isa isa, const float* v, int n, int block, float* q);
 // The fp8 e4m3 round trip of fp4_common.h's fp8_round_trip (same arithmetic, bit for bit: blocks of
-// `block` from v[0], power-of-two scales, round to nearest even, saturation) fused with the layout above:
-// elements [i0, i1) given as v[i - i0], i0 a multiple of 128, i1 a multiple of 128 or the end.
-// AVX-512 (the tier of these kernels); the scalar round trip spent more than the down rows' kernel.
-void fp8_prep_vec(const float* v, int i0, int i1, int block, void* out);
+// `block` (32 or 128) from v[0], power-of-two scales, round to nearest even, saturation) fused with
+// the layouts above, into the int16 records and / or the bf16 layout (either may be null): elements
+// [i0, i1) given as v[i - i0], i0 a multiple of 128, i1 a multiple of 128 or the end. AVX-512 (the
+// tier of these kernels); the scalar round trip spent more than the down rows' kernel.
+void fp8_prep(const float* v, int i0, int i1, int block, void* int16_out, void* bf16_out);
+// Round-tripped values q[0, i1 - i0) of elements [i0, i1) (i0 a multiple of 128, i1 a multiple of 128
+// or the end) into the bf16 layout: their top 16 bits, exact. AVX-512.
+void bf16_layout(const float* q, int i0, int i1, void* out);
 
-// out[j * os + r] = W[r] . xs[j] for n <= 8 prepared vectors, W/S as in fp4_common.h (e2m1 nibbles,
-// e8m0 per 32), each weight step decoded once for all n vectors. `prefetch`: bytes ahead (0: off).
+// out[j * os + r] = W[r] . xs[j] for n <= 8 prepared vectors (bf16 layout), W/S as in fp4_common.h
+// (e2m1 nibbles, e8m0 per 32), each weight step decoded once for all n vectors. `prefetch`: bytes
+// ahead (0: off).
 void dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K, float* out,
                     int os, int prefetch);
+// The same against int16 records.
+void int16_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
+                          float* out, int os, int prefetch);
 // The same on AMX tiles (ds_fp4_amx.cpp), same prepared vectors: groups of 16 rows, the rows past the
 // last whole group (and a group holding a scale byte outside [2, 252]) by dot_rows_multi.
 void amx_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
