@@ -17,10 +17,12 @@ from helpers.kernel_variants import assert_kernel_choice_errors, current_variant
 from helpers.moe_reference import ACTIVATIONS, BF16, activation, random_inputs, random_routes
 
 TIERS = fk.isa_tiers()
-# (tier, FT_CPU_MOE_DSFP4_KERNELS, FT_CPU_MOE_AMX_MIN): each tier's default kernels, and in
-# avx512_bf16 each of its kernels by name; where this CPU runs AMX-BF16 tiles the amx kernels as they
+# (tier, FT_CPU_MOE_DSFP4_KERNELS, FT_CPU_MOE_AMX_MIN): each tier's default kernels, avx2's fp32
+# kernels (its default is int16), and in avx512_bf16 each of its kernels by name; where this CPU runs AMX-BF16 tiles the amx kernels as they
 # are (tiles for calls of 4+ vectors, int16 kernels below) and with tiles for every call.
 VARIANTS = [(t, "auto", "") for t in TIERS if t != "avx512_bf16"]
+if "avx2" in TIERS:
+    VARIANTS += [("avx2", "fp32", "")]  # auto is int16 there
 if "avx512_bf16" in TIERS:
     VARIANTS += [("avx512_bf16", "fp32", ""), ("avx512_bf16", "bf16", ""), ("avx512_bf16", "int16", "")]
     if fk.cpu_amx_bf16():
@@ -159,7 +161,7 @@ def test_kernel_choice_errors(monkeypatch) -> None:
         "auto, fp32, bf16, int16 or amx",
         add_layer,
         TIERS,
-        tiered=("bf16", "int16", "amx"),
+        tiered=(("bf16", "avx512_bf16"), ("int16", "avx2"), ("amx", "avx512_bf16")),
     )
     monkeypatch.setenv("FT_CPU_MOE_DSFP4_KERNELS", "fp32")
     add_layer("scalar")

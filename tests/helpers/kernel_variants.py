@@ -34,12 +34,17 @@ def current_variant(env_name: str, tier: str) -> Variant:
 
 
 def assert_kernel_choice_errors(
-    monkeypatch, env_name: str, values: str, add_layer, tiers: list[str], tiered=("bf16", "amx")
+    monkeypatch,
+    env_name: str,
+    values: str,
+    add_layer,
+    tiers: list[str],
+    tiered=(("bf16", "avx512_bf16"), ("amx", "avx512_bf16")),
 ) -> None:
-    """The errors of a kernel choice: an unknown value, the `tiered` choices below the avx512_bf16 tier,
-    amx on a CPU without AMX-BF16 tiles (where the tier exists), a bad FT_CPU_MOE_AMX_MIN (where
-    tiles run). add_layer(tier) makes an executor of that tier and adds a layer; values: the error's
-    list of accepted values ("auto, bf16 or amx")."""
+    """The errors of a kernel choice: an unknown value, each (choice, lowest tier) of `tiered` in the
+    scalar tier, amx on a CPU without AMX-BF16 tiles (where the tier exists), a bad FT_CPU_MOE_AMX_MIN
+    (where tiles run). add_layer(tier) makes an executor of that tier and adds a layer; values: the
+    error's list of accepted values ("auto, bf16 or amx")."""
 
     def add(tier: str, kernels: str) -> None:
         monkeypatch.setenv(env_name, kernels)
@@ -47,8 +52,8 @@ def assert_kernel_choice_errors(
 
     with pytest.raises(fk.KernelError, match=rf"{env_name}='fast' is unknown; expected {values}"):
         add("scalar", "fast")
-    for kernels in tiered:
-        message = rf"{env_name}='{kernels}' needs the avx512_bf16 tier; this layer runs tier 'scalar'"
+    for kernels, lowest in tiered:
+        message = rf"{env_name}='{kernels}' needs the {lowest} tier; this layer runs tier 'scalar'"
         with pytest.raises(fk.KernelError, match=message):
             add("scalar", kernels)
     add("scalar", "auto")

@@ -33,19 +33,23 @@ inline int min_vectors() {
 }
 
 // A format's kernel choice from $env_name, read when a layer is made: "auto" when unset, else one of
-// `names` (the format's vector kernels and "amx"), whose error lists `expected`. Every choice but
-// auto and fp32 needs the avx512_bf16 tier, amx also a CPU and OS that run AMX-BF16 tiles; asking for
-// one where it cannot run raises.
-inline std::string kernel_choice(const char* env_name, Isa isa, std::initializer_list<const char*> names,
+// `names` (the format's vector kernels and "amx", each with the lowest tier that runs it), whose error
+// lists `expected`. amx also needs a CPU and OS that run AMX-BF16 tiles; asking for kernels where they
+// cannot run raises.
+struct KernelName {
+  const char* name;
+  Isa tier;
+};
+inline std::string kernel_choice(const char* env_name, Isa isa, std::initializer_list<KernelName> names,
                                  const char* expected) {
   const char* e = std::getenv(env_name);
   const std::string v = e && *e ? e : "auto";
-  bool known = v == "auto";
-  for (const char* n : names) known = known || v == n;
+  const KernelName* known = nullptr;
+  for (const KernelName& n : names) known = v == n.name ? &n : known;
   const std::string var = std::string(env_name) + "='" + v + "'";
-  if (!known) throw Error(var + " is unknown; expected " + expected);
-  if (v != "auto" && v != "fp32" && isa != Isa::avx512_bf16) {
-    throw Error(var + " needs the avx512_bf16 tier; this layer runs tier '" + isa_name(isa) + "'");
+  if (!known && v != "auto") throw Error(var + " is unknown; expected " + expected);
+  if (known && isa < known->tier) {
+    throw Error(var + " needs the " + isa_name(known->tier) + " tier; this layer runs tier '" + isa_name(isa) + "'");
   }
   if (v == "amx" && !cpu_amx_bf16()) throw Error(var + ": this CPU or OS does not run AMX-BF16 tiles");
   return v;

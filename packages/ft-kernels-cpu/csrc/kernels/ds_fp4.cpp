@@ -3,11 +3,12 @@
 // before each GEMM, with one power-of-two scale per block of `act_block` elements (fp4_common.h,
 // fp8_round_trip): x before gate/up (prep_input), the activated intermediate before down
 // (prep_inter). The round-tripped values are q * 2^k with a 4-bit significand, exact in bf16 and as
-// integers in units of 2^-9 of their scale, so the avx512_bf16 tier loses nothing by holding them as
-// bf16 or int16. Kernels (ds_fp4_kernels.h, choose_kernels): in the avx512_bf16 tier, where the CPU has
-// AMX tiles, those (ds_fp4_amx.cpp) for calls of 4 or more vectors, for the rest the int16 kernels
+// integers in units of 2^-9 of their scale, so the kernels lose nothing by holding them as bf16 or
+// int16. Kernels (ds_fp4_kernels.h, choose_kernels): in the avx512_bf16 tier, where the CPU has AMX
+// tiles, those (ds_fp4_amx.cpp) for calls of 4 or more vectors, for the rest the int16 kernels
 // (VPDPWSSD, ds_fp4_kernels.cpp) against x and fp4_kernels.cpp's fp32 kernels against h; without AMX
-// the same int16 / fp32 pair on Intel and VDPBF16PS on AMD; the fp32 kernels in the lower tiers.
+// the same int16 / fp32 pair on Intel and VDPBF16PS on AMD; in the avx2 tier int16 kernels (VPMADDWD,
+// ds_fp4_avx2.cpp) against both; the fp32 kernels in the avx512 and scalar tiers.
 //
 // Banks (E experts, H hidden, I intermediate; H and I multiples of 32):
 //   w13        [E, 2I, H/2]  u8   gate rows 0..I-1, then up rows I..2I-1 (not interleaved)
@@ -113,18 +114,34 @@ class DsFp4Format final : public MoeFormat {
   }
 
  private:
-  // The prepared vectors of x and of h: one layout of ds_fp4_kernels.h, and where tiles run the bf16
-  // layout after it.
+  // The prepared vectors of x and of h: a layout of ds_fp4_kernels.h for calls of fewer than
+  // `large_from` vectors, and (large_from > 0) a second one after it for the larger calls: the bf16
+  // layout of the AMX tiles, or the fp32 layout where the int16 kernels of the avx2 tier lose to the
+  // fp32 ones (their per-vector work is larger, the decode cheaper).
   enum class Layout { fp32, bf16, int16 };
-  // x in int16 records (VPDPWSSD, ~15 operations per 64 bytes of weights against ~25 for the fp32
-  // kernels), h in the fp32 layout with the int16 and amx choices: about 90% of h's steps need the
-  // records' low part (h spans more than 11 binades of its block's largest element; x 4-8%), which
-  // made the down rows slower than the fp32 kernels (docs/benchmarks.md).
-  static Layout x_layout(dsfp4::Kernels k) {
-    return k == dsfp4::Kernels::fp32 ? Layout::fp32 : k == dsfp4::Kernels::bf16 ? Layout::bf16 : Layout::int16;
+  struct Plan {
+    Layout small;
+    Layout large;
+    int large_from;  // 0: one layout
+  };
+  // int16: x in int16 records (avx512_bf16: VPDPWSSD, ~15 operations per 64 bytes of weights against
+  // ~25 for the fp32 kernels; avx2: VPMADDWD, ~23 per 32 bytes against ~38). h is too in the avx2
+  // tier, but in the fp32 layout in avx512_bf16: about 90% of h's steps need the records' low part (h
+  // spans more than 11 binades of its block's largest element; x 4-8%), which made the Xeon's down
+  // rows slower than its fp32 kernels, while on Zen 3 the int16 down rows of one vector still beat
+  // the avx2 fp32 kernels. There, from 4 vectors for x and 2 for h, the fp32 kernels win (batch 8
+  // sharing its experts: 10.3 ms a step with int16 against 8.5 with fp32; docs/benchmarks.md).
+  static Plan plan(dsfp4::Kernels k, Isa isa, bool x, int amx_min) {
+    switch (k) {
+      case dsfp4::Kernels::fp32: return {Layout::fp32, Layout::fp32, 0};
+      case dsfp4::Kernels::bf16: return {Layout::bf16, Layout::bf16, 0};
+      case dsfp4::Kernels::amx: return {x ? Layout::int16 : Layout::fp32, Layout::bf16, amx_min};
+      case dsfp4::Kernels::int16: break;
+    }
+    if (isa == Isa::avx512_bf16) return {x ? Layout::int16 : Layout::fp32, Layout::fp32, 0};
+    return {Layout::int16, Layout::fp32, x ? 4 : 2};
   }
-  static Layout h_layout(dsfp4::Kernels k) { return k == dsfp4::Kernels::bf16 ? Layout::bf16 : Layout::fp32; }
-  size_t first_bytes(Layout L, int K) const {
+  size_t layout_bytes(Layout L, int K) const {
     switch (L) {
       case Layout::fp32: return fp4::vec_bytes(p_.isa, K);
       case Layout::bf16: return dsfp4::vec_bytes(K);
@@ -132,35 +149,60 @@ class DsFp4Format final : public MoeFormat {
     }
     return 0;
   }
-  size_t vec_bytes(Layout L, int K) const { return first_bytes(L, K) + (amx_min_ ? dsfp4::vec_bytes(K) : 0); }
+  size_t vec_bytes(const Plan& P, int K) const {
+    return layout_bytes(P.small, K) + (P.large_from ? layout_bytes(P.large, K) : 0);
+  }
   // The fp8 round trip of elements [i0, i1) of a vector of K, given as v[i - i0], into the prepared
-  // vector `out` of layout L.
-  void round_trip_prep(Layout L, const float* v, int K, int i0, int i1, void* out) const {
-    void* tiles = amx_min_ ? static_cast<char*>(out) + first_bytes(L, K) : nullptr;
-    switch (L) {
-      case Layout::bf16: dsfp4::fp8_prep(v, i0, i1, act_block_, nullptr, out); return;
-      case Layout::int16: dsfp4::fp8_prep(v, i0, i1, act_block_, out, tiles); return;
-      case Layout::fp32: break;
+  // vector `out` of plan P.
+  void round_trip_prep(const Plan& P, const float* v, int K, int i0, int i1, void* out) const {
+    char* second = P.large_from ? static_cast<char*>(out) + layout_bytes(P.small, K) : nullptr;
+    if (P.small == Layout::bf16) {
+      dsfp4::fp8_prep(v, i0, i1, act_block_, nullptr, out);
+      return;
+    }
+    void* fp32 = out;  // where the fp32 layout goes, if any
+    if (P.small == Layout::int16) {
+      if (p_.isa == Isa::avx512_bf16) {
+        dsfp4::fp8_prep(v, i0, i1, act_block_, out, P.large == Layout::bf16 ? second : nullptr);
+      } else {
+        dsfp4::avx2_int16_prep(v, i0, i1, act_block_, out);
+      }
+      if (!second || P.large != Layout::fp32) return;
+      fp32 = second;
     }
     float q[kPrepRows];  // i1 - i0 <= kPrepRows in prep_inter; prep_input goes 128 at a time
     for (int g = i0; g < i1; g += kPrepRows) {
       const int n = std::min(kPrepRows, i1 - g);
       dsfp4::fp8_round_trip(p_.isa, v + (g - i0), n, act_block_, q);
-      fp4::prep_vec(p_.isa, q, g, g + n, out);
-      if (tiles) dsfp4::bf16_layout(q, g, g + n, tiles);
+      fp4::prep_vec(p_.isa, q, g, g + n, fp32);
+      if (second && P.large == Layout::bf16) dsfp4::bf16_layout(q, g, g + n, second);
     }
   }
-  // out[j * os + r] = W[r] . xs[j], j < n, for vectors of layout L.
-  void dot_rows(Layout L, const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
+  // out[j * os + r] = W[r] . xs[j], j < n, for vectors of plan P.
+  void dot_rows(const Plan& P, const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
                 float* out, int os) const {
-    if (amx_min_ && n >= amx_min_) {
-      const void* xb[kMaxTokensPerCall];
-      for (int j = 0; j < n; ++j) xb[j] = static_cast<const char*>(xs[j]) + first_bytes(L, K);
-      dsfp4::amx_dot_rows_multi(W, S, nrows, xb, n, K, out, os, pf_);
+    if (P.large_from && n >= P.large_from) {
+      const void* xl[kMaxTokensPerCall];
+      for (int j = 0; j < n; ++j) xl[j] = static_cast<const char*>(xs[j]) + layout_bytes(P.small, K);
+      if (P.large == Layout::bf16) {
+        dsfp4::amx_dot_rows_multi(W, S, nrows, xl, n, K, out, os, pf_);
+      } else {
+        dot_rows(P.large, W, S, nrows, xl, n, K, out, os);
+      }
       return;
     }
+    dot_rows(P.small, W, S, nrows, xs, n, K, out, os);
+  }
+  void dot_rows(Layout L, const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
+                float* out, int os) const {
     switch (L) {
-      case Layout::int16: dsfp4::int16_dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_); return;
+      case Layout::int16:
+        if (p_.isa == Isa::avx512_bf16) {
+          dsfp4::int16_dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_);
+        } else {
+          dsfp4::avx2_int16_dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_);
+        }
+        return;
       case Layout::bf16: dsfp4::dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_); return;
       case Layout::fp32: fp4::dot_rows_multi(p_.isa, W, S, nrows, xs, n, K, out, os, pf_); return;
     }
@@ -172,8 +214,8 @@ class DsFp4Format final : public MoeFormat {
   MoeParams p_;
   int pf_ = fp4::prefetch_distance(p_.prefetch, p_.prefetch_explicit);  // after p_ (declaration order)
   dsfp4::Kernels kernels_ = dsfp4::choose_kernels(p_.isa);
-  Layout x_ = x_layout(kernels_), h_ = h_layout(kernels_);
-  int amx_min_ = kernels_ == dsfp4::Kernels::amx ? amx::min_vectors() : 0;  // 0: no tiles
+  int amx_min_ = kernels_ == dsfp4::Kernels::amx ? amx::min_vectors() : 0;
+  Plan x_ = plan(kernels_, p_.isa, true, amx_min_), h_ = plan(kernels_, p_.isa, false, amx_min_);
   int act_block_ = 128;
   const uint8_t* w13_;
   const uint8_t* s13_;

@@ -346,9 +346,12 @@ void fp8_prep(const float* v, int i0, int i1, int block, void* int16_out, void* 
 }
 
 Kernels choose_kernels(Isa isa) {
-  const std::string v = amx::kernel_choice("FT_CPU_MOE_DSFP4_KERNELS", isa, {"fp32", "bf16", "int16", "amx"},
-                                           "auto, fp32, bf16, int16 or amx");
+  const std::string v = amx::kernel_choice(
+      "FT_CPU_MOE_DSFP4_KERNELS", isa,
+      {{"fp32", Isa::scalar}, {"bf16", Isa::avx512_bf16}, {"int16", Isa::avx2}, {"amx", Isa::avx512_bf16}},
+      "auto, fp32, bf16, int16 or amx");
   if (v == "auto") {
+    if (isa == Isa::avx2) return Kernels::int16;
     if (isa != Isa::avx512_bf16) return Kernels::fp32;
     if (cpu_amx_bf16()) return Kernels::amx;
     return cpu_is_intel() ? Kernels::int16 : Kernels::bf16;

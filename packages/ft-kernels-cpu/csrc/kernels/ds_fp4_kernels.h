@@ -22,15 +22,16 @@ namespace dsfp4 {
 // The row kernels of a ds_fp4 layer.
 //   fp32   fp4_kernels.cpp's kernels (fp4_common.h's prepared vectors): every tier.
 //   bf16   dot_rows_multi below (VDPBF16PS): avx512_bf16.
-//   int16  int16_dot_rows_multi below (VPDPWSSD) against x, fp32 against h: avx512_bf16.
+//   int16  int16_dot_rows_multi below (VPDPWSSD; avx2_int16_dot_rows_multi with VPMADDWD in the avx2
+//          and avx512 tiers) against x, fp32 against h: avx2 and above.
 //   amx    amx_dot_rows_multi below (AMX-BF16 tiles) for calls of at least amx::min_vectors() vectors,
 //          int16 / fp32 for the others (prepared vectors in two layouts): avx512_bf16 on a CPU with
 //          AMX-BF16.
 enum class Kernels { fp32, bf16, int16, amx };
 // $FT_CPU_MOE_DSFP4_KERNELS (auto, fp32, bf16, int16 or amx), read when a layer is made; auto or
-// unset is fp32 below avx512_bf16, and in it amx where the CPU has AMX-BF16, else int16 on Intel
-// (where VDPBF16PS costs ~2.5 cycles) and bf16 on AMD. Asking for kernels the tier or the CPU cannot
-// run raises.
+// unset is int16 in the avx2 tier, fp32 in scalar and avx512, and in avx512_bf16 amx where the CPU
+// has AMX-BF16, else int16 on Intel (where VDPBF16PS costs ~2.5 cycles) and bf16 on AMD. Asking for
+// kernels the tier or the CPU cannot run raises.
 Kernels choose_kernels(Isa isa);
 
 size_t vec_bytes(int K);        // bf16 layout
@@ -57,6 +58,11 @@ void dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* c
 // The same against int16 records.
 void int16_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
                           float* out, int os, int prefetch);
+// The avx2 tier's int16 records (records of 64 elements, int16_vec_bytes(K) bytes in all) and kernels
+// (VPMADDWD; ds_fp4_avx2.cpp): the round trip of fp4_common.h, bit for bit, in scalar code.
+void avx2_int16_prep(const float* v, int i0, int i1, int block, void* out);
+void avx2_int16_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
+                               float* out, int os, int prefetch);
 // The same on AMX tiles (ds_fp4_amx.cpp), same prepared vectors: groups of 16 rows, the rows past the
 // last whole group (and a group holding a scale byte outside [2, 252]) by dot_rows_multi.
 void amx_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,

@@ -92,6 +92,8 @@ inline int prefetch_distance(int configured, bool explicit_) { return explicit_ 
 // amax = max |v|, s = 2^ceil(log2(max(amax, 1e-4) / 448)), out = e4m3fn_rne_sat(v / s) * s. The last
 // block may be short. Exact fp32 arithmetic (the scale is a power of two), no ISA dependence.
 void fp8_round_trip(const float* v, int n, int block, float* out);
+// That scale of the block v[0, n): 2^ceil(log2(max(amax, 1e-4) / 448)).
+float fp8_block_scale(const float* v, int n);
 
 }  // namespace fp4
 }  // namespace ft

@@ -433,7 +433,9 @@ void fp8_rows(Isa isa, const uint8_t* W, int r0, int nrows, const float* S, int 
 // the tiles (layers of block_size 128; other block sizes keep VDPBF16PS), `bf16` keeps VDPBF16PS for
 // every call. Returns the vector count from which the tiles run, 0 for never.
 int fp8_amx_min(Isa isa) {
-  const std::string v = amx::kernel_choice("FT_CPU_MOE_FP8_KERNELS", isa, {"bf16", "amx"}, "auto, bf16 or amx");
+  const std::string v = amx::kernel_choice("FT_CPU_MOE_FP8_KERNELS", isa,
+                                           {{"bf16", Isa::avx512_bf16}, {"amx", Isa::avx512_bf16}},
+                                           "auto, bf16 or amx");
   if (isa != Isa::avx512_bf16 || v == "bf16" || !cpu_amx_bf16()) return 0;
   return amx::min_vectors();
 }
