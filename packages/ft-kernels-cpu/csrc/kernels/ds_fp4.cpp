@@ -160,21 +160,19 @@ class DsFp4Format final : public MoeFormat {
       dsfp4::fp8_prep(v, i0, i1, act_block_, nullptr, out);
       return;
     }
-    void* fp32 = out;  // where the fp32 layout goes, if any
     if (P.small == Layout::int16) {
       if (p_.isa == Isa::avx512_bf16) {
-        dsfp4::fp8_prep(v, i0, i1, act_block_, out, P.large == Layout::bf16 ? second : nullptr);
+        dsfp4::fp8_prep(v, i0, i1, act_block_, out, second);  // second: the tiles' bf16 layout (amx)
       } else {
-        dsfp4::avx2_int16_prep(v, i0, i1, act_block_, out);
+        dsfp4::avx2_int16_prep(p_.isa, v, i0, i1, act_block_, out, second);  // second: fp32, larger calls
       }
-      if (!second || P.large != Layout::fp32) return;
-      fp32 = second;
+      return;
     }
     float q[kPrepRows];  // i1 - i0 <= kPrepRows in prep_inter; prep_input goes 128 at a time
     for (int g = i0; g < i1; g += kPrepRows) {
       const int n = std::min(kPrepRows, i1 - g);
       dsfp4::fp8_round_trip(p_.isa, v + (g - i0), n, act_block_, q);
-      fp4::prep_vec(p_.isa, q, g, g + n, fp32);
+      fp4::prep_vec(p_.isa, q, g, g + n, out);
       if (second && P.large == Layout::bf16) dsfp4::bf16_layout(q, g, g + n, second);
     }
   }

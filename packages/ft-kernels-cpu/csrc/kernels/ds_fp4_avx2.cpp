@@ -34,11 +34,17 @@ constexpr size_t kAvx2Scale = 128, kAvx2Flag = 160, kAvx2Lo = 192;
 
 using Prefetch = StreamPrefetch<PrefetchHint::L2>;  // as fp4_kernels.cpp
 
-// Word position of element e (0 .. 63) of a record.
-inline int word_of(int e) {
-  const int L = e / 32, r = e % 32, odd = r & 1, half = r / 16, i = (r % 16) / 2;
-  return 16 * (2 * odd + half) + 8 * L + i;
-}
+// Word positions of the elements 0 .. 63 of a record.
+struct WordOf {
+  uint8_t w[64];
+  WordOf() {
+    for (int e = 0; e < 64; ++e) {
+      const int L = e / 32, r = e % 32, odd = r & 1, half = r / 16, i = (r % 16) / 2;
+      w[e] = static_cast<uint8_t>(16 * (2 * odd + half) + 8 * L + i);
+    }
+  }
+};
+const WordOf kWordOf;
 
 #if FT_X86
 
@@ -98,42 +104,92 @@ FT_TARGET_AVX2 void rows(const uint8_t* W, const uint8_t* S, int nrows, const vo
   }
 }
 
-#endif  // FT_X86
+// fp4_common.h's fp8_round_trip of v[0, n) (n a multiple of 8, blocks of `block` dividing 128 from
+// v[0], n <= 128), bit for bit, 8 lanes at a time: q the round-tripped values, xi the e4m3 values
+// times 2^9 (exact integers), s32[b] the scale of elements 32b .. 32b + 31. VMAXPS keeps the running
+// max when an element is NaN (as std::max(amax, NaN) does), and VMINPS(448, r) keeps a NaN as
+// std::min(r, 448) does.
+FT_TARGET_AVX2 void round_trip_avx2(const float* v, int n, int block, float* q, int32_t* xi, float* s32) {
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int b0 = 0; b0 < n; b0 += block) {
+    const int m = std::min(block, n - b0);
+    __m256 mx = _mm256_setzero_ps();
+    for (int i = 0; i < m; i += 8) mx = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(v + b0 + i), absmask), mx);
+    float s = std::max(hmax8(mx), 1e-4f) / 448.f;
+    uint32_t bits;
+    std::memcpy(&bits, &s, sizeof bits);
+    if (bits & 0x7fffffu) bits = (bits & 0xff800000u) + 0x800000u;
+    std::memcpy(&s, &bits, sizeof s);
+    for (int i = b0; i < b0 + m; i += 32) s32[i / 32] = s;
+    const __m256 inv = _mm256_set1_ps(1.f / s), sv = _mm256_set1_ps(s);
+    for (int i = b0; i < b0 + m; i += 8) {
+      const __m256 y = _mm256_mul_ps(_mm256_loadu_ps(v + i), inv);
+      const __m256 a = _mm256_and_ps(y, absmask);
+      const __m256 small = _mm256_mul_ps(
+          _mm256_round_ps(_mm256_mul_ps(a, _mm256_set1_ps(512.f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+          _mm256_set1_ps(1.f / 512.f));
+      const __m256i ai = _mm256_castps_si256(a);
+      const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(ai, 20), _mm256_set1_epi32(1));
+      const __m256i big = _mm256_and_si256(_mm256_add_epi32(_mm256_add_epi32(ai, _mm256_set1_epi32(0x7ffff)), odd),
+                                           _mm256_set1_epi32(~0xfffff));
+      __m256 r = _mm256_blendv_ps(_mm256_castsi256_ps(big), small, _mm256_cmp_ps(a, _mm256_set1_ps(0.015625f), _CMP_LT_OQ));
+      r = _mm256_min_ps(_mm256_set1_ps(448.f), r);
+      r = _mm256_or_ps(r, _mm256_andnot_ps(absmask, y));  // copysign(r, y)
+      _mm256_storeu_ps(q + i, _mm256_mul_ps(r, sv));
+      if (xi) _mm256_storeu_si256(reinterpret_cast<__m256i*>(xi + i), _mm256_cvtps_epi32(_mm256_mul_ps(r, _mm256_set1_ps(512.f))));
+    }
+  }
+}
+#endif
 
 }  // namespace
 
-void avx2_int16_prep(const float* v, int i0, int i1, int block, void* out) {
-  float q[128];
+bool avx2_round_trip(const float* v, int n, int block, float* q) {
+#if FT_X86
+  if (n % 8 != 0 || block % 8 != 0 || 128 % block != 0) return false;
+  float s32[4];
+  for (int g = 0; g < n; g += 128) round_trip_avx2(v + g, std::min(128, n - g), block, q + g, nullptr, s32);
+  return true;
+#else
+  (void)v, (void)n, (void)block, (void)q;
+  return false;
+#endif
+}
+
+void avx2_int16_prep(Isa isa, const float* v, int i0, int i1, int block, void* out, void* fp32_out) {
+#if FT_X86
+  alignas(32) float q[128];
+  alignas(32) int32_t xi[128];
+  float s32[4] = {0.f, 0.f, 0.f, 0.f};
   for (int g = i0; g < i1; g += 128) {
-    const int n = std::min(128, i1 - g);
-    const float* vg = v + (g - i0);
-    fp4::fp8_round_trip(vg, n, block, q);
+    const int n = std::min(128, i1 - g);  // a multiple of 32 (ds_fp4's H and I)
+    round_trip_avx2(v + (g - i0), n, block, q, xi, s32);
     // Records g / 64 and g / 64 + 1 (the second only if the vector reaches it).
-    for (int h = 0; h < 2 && 64 * h < std::max(n, 1); ++h) {
+    for (int h = 0; h < 2 && 64 * h < n; ++h) {
       char* rec = static_cast<char*>(out) + (g / 64 + h) * kAvx2Record;
       std::memset(rec, 0, kAvx2Record);
       int16_t* hi = reinterpret_cast<int16_t*>(rec);
       int16_t* lo = reinterpret_cast<int16_t*>(rec + kAvx2Lo);
       float* sc = reinterpret_cast<float*>(rec + kAvx2Scale);
       int32_t flag = 0;
-      for (int L = 0; L < 2; ++L) {
-        const int e0 = 64 * h + 32 * L;  // first element of the block within the 128
-        if (e0 >= n) break;
-        // The act block holding this block of 32 (block is 32 or 128, aligned to g).
-        const int a0 = e0 / block * block, a1 = std::min(n, a0 + block);
-        const float s = fp4::fp8_block_scale(vg + a0, a1 - a0);
-        for (int l = 0; l < 4; ++l) sc[4 * L + l] = s * 0x1p-15f;
-        for (int e = e0; e < std::min(n, e0 + 32); ++e) {
-          const int32_t x = static_cast<int32_t>(q[e] / s * 512.f);  // exact: q / s is an e4m3 value
-          const int wi = word_of(e - 64 * h);
-          hi[wi] = static_cast<int16_t>(x >> 3);
-          lo[wi] = static_cast<int16_t>(x & 7);
-          flag |= x & 7;
+      for (int L = 0; L < 2 && 64 * h + 32 * L < n; ++L) {
+        const int e0 = 64 * h + 32 * L;
+        for (int l = 0; l < 4; ++l) sc[4 * L + l] = s32[e0 / 32] * 0x1p-15f;
+        const int32_t* x = xi + 64 * h;
+        for (int e = 32 * L; e < 32 * L + 32; ++e) {
+          hi[kWordOf.w[e]] = static_cast<int16_t>(x[e] >> 3);
+          lo[kWordOf.w[e]] = static_cast<int16_t>(x[e] & 7);
+          flag |= x[e] & 7;
         }
       }
       std::memcpy(rec + kAvx2Flag, &flag, sizeof flag);
     }
+    if (fp32_out) fp4::prep_vec(isa, q, g, g + n, fp32_out);
   }
+#else
+  (void)isa, (void)v, (void)i0, (void)i1, (void)block, (void)out, (void)fp32_out;
+  throw Error("ds_fp4 int16 kernels need x86");
+#endif
 }
 
 void avx2_int16_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,

@@ -318,6 +318,7 @@ void fp8_round_trip(Isa isa, const float* v, int n, int block, float* q) {
     round_trip_avx512(v, n, block, q);
     return;
   }
+  if (isa == Isa::avx2 && avx2_round_trip(v, n, block, q)) return;
 #else
   (void)isa;
 #endif

@@ -59,8 +59,13 @@ void dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* c
 void int16_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
                           float* out, int os, int prefetch);
 // The avx2 tier's int16 records (records of 64 elements, int16_vec_bytes(K) bytes in all) and kernels
-// (VPMADDWD; ds_fp4_avx2.cpp): the round trip of fp4_common.h, bit for bit, in scalar code.
-void avx2_int16_prep(const float* v, int i0, int i1, int block, void* out);
+// (VPMADDWD; ds_fp4_avx2.cpp). avx2_int16_prep: elements [i0, i1) given as v[i - i0] (i0 a multiple
+// of 128, i1 a multiple of 32) through the fp8 round trip (fp4_common.h's, bit for bit, in AVX2 code)
+// into the records `out` and, if fp32_out, into fp4_common.h's prepared vector of `isa` as well.
+void avx2_int16_prep(Isa isa, const float* v, int i0, int i1, int block, void* out, void* fp32_out);
+// fp4_common.h's fp8_round_trip in AVX2 code (bit for bit) when n and block are multiples of 8 and
+// block divides 128; false (nothing written) otherwise.
+bool avx2_round_trip(const float* v, int n, int block, float* q);
 void avx2_int16_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
                                float* out, int os, int prefetch);
 // The same on AMX tiles (ds_fp4_amx.cpp), same prepared vectors: groups of 16 rows, the rows past the
