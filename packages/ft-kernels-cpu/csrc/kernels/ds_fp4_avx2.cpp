@@ -34,18 +34,6 @@ constexpr size_t kAvx2Scale = 128, kAvx2Flag = 160, kAvx2Lo = 192;
 
 using Prefetch = StreamPrefetch<PrefetchHint::L2>;  // as fp4_kernels.cpp
 
-// Word positions of the elements 0 .. 63 of a record.
-struct WordOf {
-  uint8_t w[64];
-  WordOf() {
-    for (int e = 0; e < 64; ++e) {
-      const int L = e / 32, r = e % 32, odd = r & 1, half = r / 16, i = (r % 16) / 2;
-      w[e] = static_cast<uint8_t>(16 * (2 * odd + half) + 8 * L + i);
-    }
-  }
-};
-const WordOf kWordOf;
-
 #if FT_X86
 
 template <int NV>
@@ -102,6 +90,28 @@ FT_TARGET_AVX2 void rows(const uint8_t* W, const uint8_t* S, int nrows, const vo
     }
     for (int j = 0; j < NV; ++j) out[j * os + r] = hsum8(two ? _mm256_add_ps(a0[j], a1[j]) : a0[j]);
   }
+}
+
+// The 32 integers x of block L of a record into its hi and lo words (the order at the top): per 8
+// elements their 4 even ones are 4 consecutive words, and so are the 4 odd ones. Returns whether any
+// lo is non-zero.
+FT_TARGET_AVX2 inline bool pack_block(const int32_t* x, int L, int16_t* hi, int16_t* lo) {
+  const __m256i perm = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7), zero = _mm256_setzero_si256();
+  __m256i any = zero;
+  for (int sub = 0; sub < 4; ++sub) {
+    // evens | odds, then as int16 (|x >> 3| <= 28672): the evens' 4 words in the low 8 bytes of the
+    // low half, the odds' in those of the high half.
+    const __m256i v = _mm256_permutevar8x32_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 8 * sub)), perm);
+    const __m256i l32 = _mm256_and_si256(v, _mm256_set1_epi32(7));
+    any = _mm256_or_si256(any, l32);
+    const __m256i h16 = _mm256_packs_epi32(_mm256_srai_epi32(v, 3), zero), l16 = _mm256_packs_epi32(l32, zero);
+    const int we = 16 * (sub / 2) + 8 * L + 4 * (sub % 2), wo = we + 32;
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(hi + we), _mm256_castsi256_si128(h16));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(hi + wo), _mm256_extracti128_si256(h16, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(lo + we), _mm256_castsi256_si128(l16));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(lo + wo), _mm256_extracti128_si256(l16, 1));
+  }
+  return !_mm256_testz_si256(any, any);
 }
 
 // fp4_common.h's fp8_round_trip of v[0, n) (n a multiple of 8, blocks of `block` dividing 128 from
@@ -175,12 +185,7 @@ void avx2_int16_prep(Isa isa, const float* v, int i0, int i1, int block, void* o
       for (int L = 0; L < 2 && 64 * h + 32 * L < n; ++L) {
         const int e0 = 64 * h + 32 * L;
         for (int l = 0; l < 4; ++l) sc[4 * L + l] = s32[e0 / 32] * 0x1p-15f;
-        const int32_t* x = xi + 64 * h;
-        for (int e = 32 * L; e < 32 * L + 32; ++e) {
-          hi[kWordOf.w[e]] = static_cast<int16_t>(x[e] >> 3);
-          lo[kWordOf.w[e]] = static_cast<int16_t>(x[e] & 7);
-          flag |= x[e] & 7;
-        }
+        flag |= pack_block(xi + e0, L, hi, lo) ? 1 : 0;
       }
       std::memcpy(rec + kAvx2Flag, &flag, sizeof flag);
     }
