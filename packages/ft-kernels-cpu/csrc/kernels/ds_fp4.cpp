@@ -125,7 +125,7 @@ class DsFp4Format final : public MoeFormat {
     int large_from;  // 0: one layout
   };
   // int16: x in int16 records (avx512_bf16: VPDPWSSD, ~15 operations per 64 bytes of weights against
-  // ~25 for the fp32 kernels; avx2: VPMADDWD, ~23 per 32 bytes against ~38). h is too in the avx2
+  // ~25 for the fp32 kernels; avx2: VPMADDWD, ~22 per 32 bytes against ~40). h is too in the avx2
   // tier, but in the fp32 layout in avx512_bf16: about 90% of h's steps need the records' low part (h
   // spans more than 11 binades of its block's largest element; x 4-8%), which made the Xeon's down
   // rows slower than its fp32 kernels, while on Zen 3 the int16 down rows of one vector still beat

@@ -6,8 +6,9 @@
 // A step is 2 blocks (32 bytes of a row, one load): AND / shift / AND split the nibbles, VPSHUFB looks
 // them up as int8 2 * e2m1, and VPUNPCK{L,H}BW with zero make 4 vectors of 16 words w * 256 (the
 // code in the high byte: no sign extension needed). 4 VPMADDWD against x's words sum the step into 8
-// int32 lanes, 4 per block; one conversion, a multiply of the blocks' scales and one FMA. About 19
-// operations per 64 weights against ~34 for the fp32 kernels (fp4_kernels.cpp, block_avx2).
+// int32 lanes, 4 per block; one conversion, a multiply of the blocks' scales and one FMA. About 22
+// vector operations per 64 weights (32 bytes) against ~40 for the fp32 kernels (fp4_kernels.cpp,
+// block_avx2).
 //
 // Record of 64 elements (kAvx2Record bytes), for blocks L = 0, 1 of 32 elements:
 //   bytes 0..127    hi words: word 16v + 8L + i = element 32L + 16 (v & 1) + 2i + (v >> 1), i < 8
