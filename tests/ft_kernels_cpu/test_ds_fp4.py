@@ -18,9 +18,9 @@ from helpers.moe_reference import ACTIVATIONS, BF16, activation, random_inputs, 
 
 TIERS = fk.isa_tiers()
 # (tier, FT_CPU_MOE_DSFP4_KERNELS, FT_CPU_MOE_AMX_MIN): each tier's default kernels, avx2's fp32
-# kernels (its default is int16), avx512 with int16, and in avx512_bf16 each of its kernels by name; where this CPU
-# runs AMX-BF16 tiles the amx kernels as they are (tiles for calls of 4+ vectors, int16 / fp32
-# kernels below) and with tiles for every call.
+# kernels (its default is int16), avx512 with int16, and in avx512_bf16 each of its kernels by
+# name; where this CPU runs AMX-BF16 tiles the amx kernels as they are (tiles for calls of 4+
+# vectors, int16 / fp32 kernels below) and with tiles for every call.
 VARIANTS = [(t, "auto", "") for t in TIERS if t != "avx512_bf16"]
 if "avx2" in TIERS:
     VARIANTS += [("avx2", "fp32", "")]  # auto is int16 there
