@@ -114,6 +114,54 @@ FT_TARGET_AVX2 void fp8_row_avx2(const uint8_t* w, const float* S, int B, const 
   }
 }
 
+// Three or more vectors, a group of G rows at a time, column block by column block: each block's
+// x (N x B floats, 4 KiB for 8 vectors of B = 128) stays in L1 for the G rows, where the row at a
+// time walk read every vector's whole x per row (64 KiB for 8 vectors of 2048: more than Zen 3's L1,
+// so every x load came from L2). Per (row, vector) the arithmetic is fp8_row_avx2's for N >= 3, in the
+// same order, so results do not depend on which path a row takes. The weights are read as G streams
+// of B bytes per block; the next group's lines of the same column block are prefetched meanwhile.
+constexpr int kFp8Group = 8;
+template <int N>
+FT_TARGET_AVX2 void fp8_group_avx2(const uint8_t* W, size_t ld, const float* const* S, int B, const float* const* xs,
+                                   int K, float* out, int os, const uint8_t* next) {
+  static_assert(N >= 3, "fp8_row_avx2 keeps one or two vectors' totals in registers");
+  const float* lut = fp8nv::e4m3_table().v;
+  alignas(32) float totm[kFp8Group][N][8] = {};
+  for (int c0 = 0, c = 0; c0 < K; c0 += B, ++c) {
+    const int n = std::min(B, K - c0);
+    for (int r = 0; r < kFp8Group; ++r) {
+      const uint8_t* wb = W + r * ld + c0;
+      if (next) {
+        for (int o = 0; o < n; o += 64) prefetch_line(reinterpret_cast<const char*>(next + r * ld + c0 + o));
+      }
+      __m256 a0[N];
+      for (int j = 0; j < N; ++j) a0[j] = _mm256_setzero_ps();
+      int k = 0;
+      for (; k + 16 <= n; k += 16) {
+        __m256 w0, w1;
+        fp8nv::e4m3x16_avx2(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + k)), w0, w1);
+        for (int j = 0; j < N; ++j) {
+          const float* xb = xs[j] + c0 + k;
+          a0[j] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xb), a0[j]);
+          a0[j] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), a0[j]);
+        }
+      }
+      const __m256 s = _mm256_set1_ps(S[r][c]);
+      for (int j = 0; j < N; ++j) {
+        __m256 a = a0[j];
+        if (k < n) {
+          float rem = 0.f;
+          for (int i = k; i < n; ++i) rem += lut[wb[i]] * xs[j][c0 + i];
+          a = _mm256_add_ps(a, _mm256_setr_ps(rem / fp8nv::kE4m3Fp16Unscale, 0, 0, 0, 0, 0, 0, 0));
+        }
+        _mm256_store_ps(totm[r][j], _mm256_fmadd_ps(a, s, _mm256_load_ps(totm[r][j])));
+      }
+    }
+  }
+  for (int r = 0; r < kFp8Group; ++r)
+    for (int j = 0; j < N; ++j) out[j * os + r] = hsum8(_mm256_load_ps(totm[r][j])) * fp8nv::kE4m3Fp16Unscale;
+}
+
 template <int N>
 FT_TARGET_AVX512 void fp8_row_avx512(const uint8_t* w, const float* S, int B, const float* const* xs, int K,
                                      float* out, int os, const Prefetch& pf) {
@@ -461,6 +509,20 @@ void fp8_rows(Isa isa, const uint8_t* W, int r0, int nrows, const float* S, int 
         dispatch_n(n, [&](auto nv) { fp8_row_avx512<decltype(nv)::value>(w, s, B, xf, K, out + r, os, pf); });
       } else {
         const float* const* xf = reinterpret_cast<const float* const*>(xs);
+        if (n >= 3 && r + kFp8Group <= nrows) {
+          // A group of rows (fp8_group_avx2); the next group's first column block is prefetched by
+          // the group itself, this group's by the previous one or the hardware.
+          const float* sg[kFp8Group];
+          for (int i = 0; i < kFp8Group; ++i) sg[i] = S + static_cast<size_t>((r0 + r + i) / B) * nbK;
+          const uint8_t* next = r + 2 * kFp8Group <= nrows && prefetch ? w + kFp8Group * ld : nullptr;
+          dispatch_n(n, [&](auto nv) {
+            if constexpr (decltype(nv)::value >= 3) {
+              fp8_group_avx2<decltype(nv)::value>(w, ld, sg, B, xf, K, out + r, os, next);
+            }
+          });
+          r += kFp8Group - 1;
+          continue;
+        }
         dispatch_n(n, [&](auto nv) { fp8_row_avx2<decltype(nv)::value>(w, s, B, xf, K, out + r, os, pf); });
       }
     }
