@@ -48,6 +48,42 @@ float fp8_row_scalar(const uint8_t* w, const float* S, int B, const float* x, in
 
 #if FT_X86
 
+// The column block [c0, c0 + n) of one row (wb: its n bytes) against N vectors: a[j], the fp8 x
+// fp32 products at the 2^-8 scale of the fp16 decode, with the scalar remainder of a short block
+// folded in. Two chains per vector with Two (the FMA latency), one otherwise.
+template <int N, bool Two>
+FT_TARGET_AVX2 __attribute__((always_inline)) inline void fp8_block_avx2(const uint8_t* wb, int n, const float* const* xs,
+                                                                         int c0, __m256* a) {
+  __m256 a1[Two ? N : 1];
+  for (int j = 0; j < N; ++j) a[j] = _mm256_setzero_ps();
+  if constexpr (Two)
+    for (int j = 0; j < N; ++j) a1[j] = _mm256_setzero_ps();
+  int k = 0;
+  for (; k + 16 <= n; k += 16) {
+    __m256 w0, w1;
+    fp8nv::e4m3x16_avx2(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + k)), w0, w1);
+    for (int j = 0; j < N; ++j) {
+      const float* xb = xs[j] + c0 + k;
+      a[j] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xb), a[j]);
+      if constexpr (Two) {
+        a1[j] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), a1[j]);
+      } else {
+        a[j] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), a[j]);
+      }
+    }
+  }
+  for (int j = 0; j < N; ++j) {
+    if constexpr (Two) a[j] = _mm256_add_ps(a[j], a1[j]);
+    if (k < n) {
+      const float* lut = fp8nv::e4m3_table().v;
+      float r = 0.f;
+      for (int i = k; i < n; ++i) r += lut[wb[i]] * xs[j][c0 + i];
+      // The vector part carries the 2^-8 of the fp16 decode; bring the remainder to the same scale.
+      a[j] = _mm256_add_ps(a[j], _mm256_setr_ps(r / fp8nv::kE4m3Fp16Unscale, 0, 0, 0, 0, 0, 0, 0));
+    }
+  }
+}
+
 // Rows with N fp32 vectors: per column block the fp8 x fp32 products are summed in fp32 vectors (each
 // 16 weights decoded once for all vectors), then scaled by the block's scale into a running total.
 // One or two vectors: two chains per vector (the FMA latency), totals in registers. Three or more:
@@ -59,7 +95,6 @@ template <int N>
 FT_TARGET_AVX2 void fp8_row_avx2(const uint8_t* w, const float* S, int B, const float* const* xs, int K, float* out,
                                  int os, const Prefetch& pf) {
   constexpr bool two = N <= 2;
-  const float* lut = fp8nv::e4m3_table().v;
   __m256 tot[two ? N : 1];
   alignas(32) float totm[two ? 1 : N][8];
   for (int j = 0; j < N; ++j) {
@@ -71,40 +106,15 @@ FT_TARGET_AVX2 void fp8_row_avx2(const uint8_t* w, const float* S, int B, const 
   }
   for (int c0 = 0, c = 0; c0 < K; c0 += B, ++c) {
     const int n = std::min(B, K - c0);
-    const uint8_t* wb = w + c0;
-    pf.ahead_range(wb, n);
-    __m256 a0[N], a1[two ? N : 1];
-    for (int j = 0; j < N; ++j) a0[j] = _mm256_setzero_ps();
-    if constexpr (two)
-      for (int j = 0; j < N; ++j) a1[j] = _mm256_setzero_ps();
-    int k = 0;
-    for (; k + 16 <= n; k += 16) {
-      __m256 w0, w1;
-      fp8nv::e4m3x16_avx2(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + k)), w0, w1);
-      for (int j = 0; j < N; ++j) {
-        const float* xb = xs[j] + c0 + k;
-        a0[j] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xb), a0[j]);
-        if constexpr (two) {
-          a1[j] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), a1[j]);
-        } else {
-          a0[j] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), a0[j]);
-        }
-      }
-    }
+    pf.ahead_range(w + c0, n);
+    __m256 a[N];
+    fp8_block_avx2<N, two>(w + c0, n, xs, c0, a);
     const __m256 s = _mm256_set1_ps(S[c]);
     for (int j = 0; j < N; ++j) {
-      __m256 a = a0[j];
-      if constexpr (two) a = _mm256_add_ps(a, a1[j]);
-      if (k < n) {
-        float r = 0.f;
-        for (int i = k; i < n; ++i) r += lut[wb[i]] * xs[j][c0 + i];
-        // The vector part carries the 2^-8 of the fp16 decode; bring the remainder to the same scale.
-        a = _mm256_add_ps(a, _mm256_setr_ps(r / fp8nv::kE4m3Fp16Unscale, 0, 0, 0, 0, 0, 0, 0));
-      }
       if constexpr (two) {
-        tot[j] = _mm256_fmadd_ps(a, s, tot[j]);
+        tot[j] = _mm256_fmadd_ps(a[j], s, tot[j]);
       } else {
-        _mm256_store_ps(totm[j], _mm256_fmadd_ps(a, s, _mm256_load_ps(totm[j])));
+        _mm256_store_ps(totm[j], _mm256_fmadd_ps(a[j], s, _mm256_load_ps(totm[j])));
       }
     }
   }
@@ -114,48 +124,29 @@ FT_TARGET_AVX2 void fp8_row_avx2(const uint8_t* w, const float* S, int B, const 
   }
 }
 
-// Three or more vectors, a group of G rows at a time, column block by column block: each block's
-// x (N x B floats, 4 KiB for 8 vectors of B = 128) stays in L1 for the G rows, where the row at a
-// time walk read every vector's whole x per row (64 KiB for 8 vectors of 2048: more than Zen 3's L1,
-// so every x load came from L2). Per (row, vector) the arithmetic is fp8_row_avx2's for N >= 3, in the
-// same order, so results do not depend on which path a row takes. The weights are read as G streams
-// of B bytes per block; the next group's lines of the same column block are prefetched meanwhile.
+// Three or more vectors, a group of kFp8Group rows at a time, column block by column block: each
+// block's x (N x B floats, 4 KiB for 8 vectors of B = 128) stays in L1 for the group, where the row
+// at a time walk read every vector's whole x per row (64 KiB for 8 vectors of 2048: more than Zen 3's
+// L1, so every x load came from L2). Per (row, vector) the arithmetic is fp8_row_avx2's for N >= 3,
+// in the same order, so results do not depend on which path a row takes. The weights are read as
+// kFp8Group streams of B bytes per block; the next group's lines of the same column block are
+// prefetched meanwhile.
 constexpr int kFp8Group = 8;
 template <int N>
 FT_TARGET_AVX2 void fp8_group_avx2(const uint8_t* W, size_t ld, const float* const* S, int B, const float* const* xs,
                                    int K, float* out, int os, const uint8_t* next) {
   static_assert(N >= 3, "fp8_row_avx2 keeps one or two vectors' totals in registers");
-  const float* lut = fp8nv::e4m3_table().v;
   alignas(32) float totm[kFp8Group][N][8] = {};
   for (int c0 = 0, c = 0; c0 < K; c0 += B, ++c) {
     const int n = std::min(B, K - c0);
     for (int r = 0; r < kFp8Group; ++r) {
-      const uint8_t* wb = W + r * ld + c0;
       if (next) {
         for (int o = 0; o < n; o += 64) prefetch_line(reinterpret_cast<const char*>(next + r * ld + c0 + o));
       }
-      __m256 a0[N];
-      for (int j = 0; j < N; ++j) a0[j] = _mm256_setzero_ps();
-      int k = 0;
-      for (; k + 16 <= n; k += 16) {
-        __m256 w0, w1;
-        fp8nv::e4m3x16_avx2(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + k)), w0, w1);
-        for (int j = 0; j < N; ++j) {
-          const float* xb = xs[j] + c0 + k;
-          a0[j] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xb), a0[j]);
-          a0[j] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), a0[j]);
-        }
-      }
+      __m256 a[N];
+      fp8_block_avx2<N, false>(W + r * ld + c0, n, xs, c0, a);
       const __m256 s = _mm256_set1_ps(S[r][c]);
-      for (int j = 0; j < N; ++j) {
-        __m256 a = a0[j];
-        if (k < n) {
-          float rem = 0.f;
-          for (int i = k; i < n; ++i) rem += lut[wb[i]] * xs[j][c0 + i];
-          a = _mm256_add_ps(a, _mm256_setr_ps(rem / fp8nv::kE4m3Fp16Unscale, 0, 0, 0, 0, 0, 0, 0));
-        }
-        _mm256_store_ps(totm[r][j], _mm256_fmadd_ps(a, s, _mm256_load_ps(totm[r][j])));
-      }
+      for (int j = 0; j < N; ++j) _mm256_store_ps(totm[r][j], _mm256_fmadd_ps(a[j], s, _mm256_load_ps(totm[r][j])));
     }
   }
   for (int r = 0; r < kFp8Group; ++r)
