@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "avx2_pairs.h"
 #include "avx2_u8rows.h"
 #include "bf16_dot.h"
 #include "dispatch_n.h"
@@ -240,11 +241,11 @@ struct V {
 
 // ---- avx2 tier: int8 activations for Q4_0, Q4_K, Q6_K (VPMADDUBSW) ----
 //
-// x and the intermediate quantized per 32-block (kQ8Blocks32, ggml_blocks.h). Q4_0's nibbles are
-// its unsigned codes with offset 8 (avx2_u8rows.h): elements 0..15 from the low nibbles, 16..31 from
-// the high ones, which is x's element order; the lanes are multiplied into fp32 accumulators by d_w *
-// dx of the block. On CPUs without AVX-512 (most desktop parts) this replaces the fp32 kernels
-// (ggml_tier_kernels.h), which widen every code to a float (docs/benchmarks.md).
+// x and the intermediate quantized per 32-block: kQ8Blocks32 (ggml_blocks.h) for Q4_K and Q6_K,
+// avx2_pairs.h's records for Q4_0, whose nibbles are its unsigned codes with offset 8: elements
+// 0..15 from the low nibbles, 16..31 from the high ones; the lanes are multiplied into fp32
+// accumulators by d_w * dx of the block. On CPUs without AVX-512 (most desktop parts) this replaces
+// the fp32 kernels (ggml_tier_kernels.h), which widen every code to a float (docs/benchmarks.md).
 namespace avx2q8 {
 namespace {
 
@@ -256,26 +257,56 @@ struct Blocks32X {
   __m256 dx(int j, int b) const { return _mm256_broadcast_ss(reinterpret_cast<const float*>(xs[j].q + K) + b); }
 };
 
-struct Q4_0Rows {
-  static constexpr int kOffset = 8, kRows = 4;
+// Q4_0 as avx2_pairs.h's block policy: blocks 2p and 2p + 1 (36 bytes) give their 16 code bytes
+// each to one register; the fp16 scales of 4 blocks (bytes 0, 18, 36, 54) are gathered by three
+// word blends of 16-byte loads (inside the 72 bytes of the 4 blocks) and one conversion.
+struct Q4_0Pairs {
+  static constexpr int kOffset = 8;
   const uint8_t* W;
   size_t ld;
-  StreamPrefetch<> pf;
+  StreamPrefetchCursor* pf;  // nullptr: no software prefetch
   const uint8_t* at(int row, int b) const { return W + row * ld + 18 * b; }
-  __m256i codes(int row, int b) const { return u8rows::nibbles(at(row, b) + 2); }
-  __m256 scale(int row, int b) const { return _mm256_set1_ps(_cvtsh_ss(load_u16(at(row, b)))); }
-  void ahead(int row, int b) const {
-    if (!pf.dist) return;
-    pf.ahead(at(row, b));
-    pf.ahead(at(row, b) + 64);
+  static __m256i split(__m256i raw, __m256i& H) {
+    const __m256i m4 = _mm256_set1_epi8(15);
+    H = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+    return _mm256_and_si256(raw, m4);
+  }
+  void pair(int row, int p, __m256i& L, __m256i& H) const {
+    const uint8_t* q = at(row, 2 * p);
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 2));
+    L = split(_mm256_inserti128_si256(_mm256_castsi128_si256(a), _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 20)), 1), H);
+  }
+  void half(int row, int p, __m256i& L, __m256i& H) const {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at(row, 2 * p) + 2));
+    L = split(_mm256_set_m128i(_mm_setzero_si128(), a), H);
+  }
+  void scales4(int row, int g, __m256& s0, __m256& s1) const {
+    const uint8_t* q = at(row, 4 * g);
+    auto ld16 = [](const uint8_t* a) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(a)); };
+    __m128i t = _mm_blend_epi16(ld16(q), ld16(q + 16), 0x02);
+    t = _mm_blend_epi16(_mm_blend_epi16(t, ld16(q + 32), 0x04), ld16(q + 48), 0x08);
+    const __m256 f = _mm256_castps128_ps256(_mm_cvtph_ps(t));
+    s0 = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+    s1 = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3));
+  }
+  __m256 scales2(int row, int p, bool half) const {
+    const uint8_t* q = at(row, 2 * p);
+    const uint32_t w = load_u16(q) | (half ? 0u : static_cast<uint32_t>(load_u16(q + 18)) << 16);
+    const __m256 f = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(w))));
+    return _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+  }
+  void ahead(int row, int g) const {
+    if (pf) pf->advance(at(row, 4 * g));
   }
 };
 
 template <int NV>
 void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
   const int nb = K / 32;
-  const Q4_0Rows blk{W, ld, StreamPrefetch<>(W, rows_stream_bytes(ld, nrows, static_cast<size_t>(nb) * 18), prefetch)};
-  u8rows::rows<NV>(blk, Blocks32X{xs, K}, nrows, nb, out, os);
+  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * 18, prefetch);
+  const uint8_t* x[NV];
+  for (int j = 0; j < NV; ++j) x[j] = xs[j].q;
+  pairs::rows<NV>(Q4_0Pairs{W, ld, prefetch ? &pf : nullptr}, x, nrows, nb, out, os);
 }
 
 // The 8 6-bit scales (bytes 0..7) and mins (bytes 8..15) of a Q4_K/Q5_K super-block's 12 scale
@@ -1050,7 +1081,7 @@ constexpr int kQ8Avx2Prefetch = 8192;
 const TypeInfo kTypes[] = {
     {8, "Q8_0", 32, 34, FT_GGML_TIERS((rows_scalar<32, 34, deq_q8_0>), Q8_0), FT_GGML_Q8(q8_32, Q8_0), true, 32, 0, nullptr},
     {2, "Q4_0", 32, 18, FT_GGML_TIERS((rows_scalar<32, 18, deq_q4_0>), Q4_0), FT_GGML_Q8_Q4_0, false, 256, kQ8Q4_0,
-     FT_GGML_Q8_AVX2(q4_0)},
+     FT_GGML_Q8_AVX2(q4_0), true},
     {30, "BF16", 1, 2, {rows_bf16<Isa::scalar>, rows_bf16<Isa::avx2>, rows_bf16<Isa::avx512>, rows_bf16<Isa::avx512>},
      {multi_bf16<Isa::scalar>, multi_bf16<Isa::avx2>, multi_bf16<Isa::avx512>, multi_bf16<Isa::avx512>}, nullptr, false,
      32, 0, nullptr},
@@ -1126,12 +1157,19 @@ GgmlMoeFormat::GgmlMoeFormat(const MoeParams& p, const Matrix& gate, const Matri
 Q8Fn GgmlMoeFormat::q8_fn(const TypeInfo& t) const { return avx2_q8_ ? t.q8_avx2 : t.q8; }
 
 size_t GgmlMoeFormat::xq_bytes(const TypeInfo& t, int K) const {
+#if FT_X86
+  if (avx2_q8_ && t.q8_avx2_pairs) return pairs::record_bytes(K);
+#endif
   if (avx2_q8_) return q8_blocks32_bytes(K);
   return t.q8_layout == kQ8Q4_0 ? q4_0_xq_bytes(K) : q8_bytes(K);
 }
 
 void GgmlMoeFormat::xq_quantize(const TypeInfo& t, const float* x, int k0, int k1, int K, void* base) const {
-  if (avx2_q8_) {
+  if (avx2_q8_ && t.q8_avx2_pairs) {
+#if FT_X86
+    pairs::quantize(x, k0, k1, pairs::PairOrder::kHalves, 8, base);
+#endif
+  } else if (avx2_q8_) {
     q8_blocks32_quantize(x, k0, k1, K, base);
   } else if (t.q8_layout == kQ8Q4_0) {
     q4_0_xq_quantize(x, k0, k1, base);

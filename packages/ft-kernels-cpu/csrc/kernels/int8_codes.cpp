@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+
+#include "avx2_pairs.h"
 
 namespace ft {
 
@@ -60,5 +63,34 @@ float int8_codes(const float* v, int n, int8_t* c, bool simd) {
 #endif
   return q8_codes_scalar(v, n, c);
 }
+
+#if FT_X86
+namespace pairs {
+
+FT_TARGET_AVX2 void quantize(const float* x, int k0, int k1, PairOrder order, int c, void* base) {
+  const __m256i off = _mm256_set1_epi8(static_cast<char>(c));
+  for (int k = k0; k < k1; k += 64) {
+    uint8_t* rec = static_cast<uint8_t*>(base) + static_cast<size_t>(k / 64) * kPairBytes;
+    alignas(32) int8_t codes[2][32] = {};
+    float dx[2] = {0.f, 0.f};
+    for (int h = 0; h < 2 && k + 32 * h < k1; ++h) dx[h] = int8_codes(x + k + 32 * h, 32, codes[h], true) / 127.f;
+    for (int h = 0; h < 2; ++h) {
+      for (int e = 0; e < 16; ++e) {
+        const bool halves = order == PairOrder::kHalves;
+        rec[16 * h + e] = static_cast<uint8_t>(codes[h][halves ? e : 2 * e]);
+        rec[32 + 16 * h + e] = static_cast<uint8_t>(codes[h][halves ? 16 + e : 2 * e + 1]);
+      }
+    }
+    const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec));
+    const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(rec + 64),
+                        _mm256_add_epi16(_mm256_maddubs_epi16(off, xl), _mm256_maddubs_epi16(off, xh)));
+    const float lanes[8] = {dx[0], dx[0], dx[0], dx[0], dx[1], dx[1], dx[1], dx[1]};
+    std::memcpy(rec + 96, lanes, sizeof lanes);
+  }
+}
+
+}  // namespace pairs
+#endif
 
 }  // namespace ft

@@ -1,0 +1,113 @@
+// AVX2 row kernels with int8 activations that decode two 32-element blocks per 256-bit register,
+// for weight types whose blocks hold 16 bytes of nibbles that decode (with one VPSHUFB at most) to
+// unsigned byte codes u <= 24 with a constant offset c (the weight is (u - c) * scale): q4_0 (nibble
+// - 8) so far; avx2_u8rows.h is the one-block-per-register form the FP4 formats still use.
+//
+// Why pairs: one block's 16 bytes in one register need a 128-bit shift, an insert and an AND to make
+// 32 codes (the low nibbles, then the high ones), and its int32 lanes one conversion, one scale
+// multiply and one FMA each. Two blocks' 32 bytes in one register split with one shift and two ANDs
+// into L (the low nibbles of both blocks) and H (the high nibbles), and one VPMADDWD, conversion,
+// scale multiply and FMA serve both: on a Zen 3 core the q4_0 row loop went from ~14 to ~8 vector
+// operations per block (docs/benchmarks.md, ninth session).
+//
+// x's record per pair of blocks (b, b + 1), kPairBytes, built by pairs_quantize:
+//   bytes  0..31  XL: the codes that meet L: block b's 16, then block b + 1's
+//   bytes 32..63  XH: the codes that meet H, the same way
+//   bytes 64..95  XO: 16 int16, VPMADDUBSW(c, XL) + VPMADDUBSW(c, XH) (the offset's pair sums, so no
+//                 row recomputes them)
+//   bytes 96..127 DX: fp32 step of x for each int32 lane (lanes 0-3: block b, 4-7: block b + 1)
+// A vector with an odd block count ends with a half pair: block b + 1's codes, offsets and steps
+// are zero. Which elements meet L and H is the weight type's nibble order (PairOrder); int32 lane m
+// of block b sums its int16 lanes 2m, 2m + 1, i.e. the bytes 4m..4m+3 of both halves.
+//
+// Per pair and vector: VPMADDUBSW of L by XL and of H by XH (u <= 24, |x| <= 127: pair sums <=
+// 6096, their sum minus XO stays within int16), VPADDW, VPSUBW of XO, VPMADDWD by ones (exact int32),
+// conversion, the weight scales times DX, one FMA. Every row takes the same operations in the same
+// order whatever the vector count, so results do not depend on how tokens are grouped into calls.
+//
+// The block policy B provides (FT_TARGET_AVX2, inlined):
+//   static constexpr int kOffset;                                  c
+//   void pair(int row, int p, __m256i& L, __m256i& H) const;        the codes of blocks 2p, 2p + 1
+//   void half(int row, int p, __m256i& L, __m256i& H) const;        block 2p alone (upper halves zero)
+//   void scales4(int row, int g, __m256& s0, __m256& s1) const;     lane scales of pairs 2g, 2g + 1
+//   __m256 scales2(int row, int p, bool half) const;                 lane scales of pair p (block
+//                                                                    2p + 1's zero when half)
+//   void ahead(int row, int g) const;                               prefetch hook, once per 4 blocks
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common.h"
+
+namespace ft {
+
+#if FT_X86
+namespace pairs {
+
+constexpr size_t kPairBytes = 128;
+inline size_t record_bytes(int K) { return static_cast<size_t>((K / 32 + 1) / 2) * kPairBytes; }
+
+// Which elements of a block meet the low nibbles: q4_0 (and ggml's other 32-element types) store
+// element j in the low nibble of byte j and j + 16 in its high nibble; the e2m1 formats store
+// elements 2j and 2j + 1 in byte j.
+enum class PairOrder { kHalves, kEvenOdd };
+
+// Quantizes the 32-blocks of x[k0, k1) (k0 a multiple of 64, k1 of 32 or K) into records at `base`
+// (records indexed from element 0 of the vector): codes and steps of int8_codes (int8_codes.h) per
+// block of 32, the offset c.
+void quantize(const float* x, int k0, int k1, PairOrder order, int c, void* base);
+
+// out[j * os + r] = row r . x_j for rows [0, nrows) of nb blocks and NV vectors (records xs[j]).
+template <int NV, class B>
+FT_TARGET_AVX2 inline void rows(const B& blk, const uint8_t* const* xs, int nrows, int nb, float* out, int os) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  // One pair of row `r` against every vector: XL, XH, XO and DX are memory operands (L1).
+  auto pair = [&](__m256i L, __m256i H, __m256 s, int p, __m256(&acc)[NV]) FT_TARGET_AVX2 {
+    for (int j = 0; j < NV; ++j) {
+      const uint8_t* x = xs[j] + static_cast<size_t>(p) * kPairBytes;
+      const __m256i d = _mm256_sub_epi16(
+          _mm256_add_epi16(_mm256_maddubs_epi16(L, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))),
+                           _mm256_maddubs_epi16(H, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32)))),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 64)));
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(d, ones)),
+                               _mm256_mul_ps(s, _mm256_loadu_ps(reinterpret_cast<const float*>(x + 96))), acc[j]);
+    }
+  };
+  for (int r = 0; r < nrows; ++r) {
+    // Two sets of accumulators (even and odd pairs): two FMA chains per vector.
+    __m256 a0[NV], a1[NV];
+    for (int j = 0; j < NV; ++j) a0[j] = a1[j] = _mm256_setzero_ps();
+    int g = 0;
+    for (; 4 * g + 4 <= nb; ++g) {
+      blk.ahead(r, g);
+      __m256 s0, s1;
+      blk.scales4(r, g, s0, s1);
+      __m256i L, H;
+      blk.pair(r, 2 * g, L, H);
+      pair(L, H, s0, 2 * g, a0);
+      blk.pair(r, 2 * g + 1, L, H);
+      pair(L, H, s1, 2 * g + 1, a1);
+    }
+    // 1-3 blocks left: a whole pair, then a half one.
+    int p = 2 * g;
+    if (4 * g < nb) blk.ahead(r, g);
+    if (2 * p + 2 <= nb) {
+      __m256i L, H;
+      blk.pair(r, p, L, H);
+      pair(L, H, blk.scales2(r, p, false), p, a0);
+      ++p;
+    }
+    if (2 * p < nb) {
+      __m256i L, H;
+      blk.half(r, p, L, H);
+      pair(L, H, blk.scales2(r, p, true), p, a1);
+    }
+    for (int j = 0; j < NV; ++j) out[j * os + r] = hsum8(_mm256_add_ps(a0[j], a1[j]));
+  }
+}
+
+}  // namespace pairs
+#endif
+
+}  // namespace ft
