@@ -151,26 +151,42 @@ def test_swigluoai_options_and_gate_up_interleave(isa: str) -> None:
 
 @pytest.mark.parametrize("isa", TIERS)
 def test_extreme_e8m0_scales_and_every_e2m1_code(isa: str) -> None:
-    # gate_i = 6 (code 7), up_i = 1 (code 2), so h = silu(6) on every row; down row j holds codes
-    # 2j % 16 and (2j + 1) % 16, scaled by 2^(s - 127) from the denormal-fp32 end (s = 0, 1) up.
-    H, I, E = 32, 32, 1
+    # gate_i = 6 * 2^15 (code 7, scale 2^15), up_i = 2^15 (code 2), so h = silu(6 * 2^15) * 2^15 on
+    # every row; down row j holds codes 2j % 16 and (2j + 1) % 16 in the first byte of each of its 4
+    # blocks, scaled by 2^(s - 127) from the denormal-fp32 end (s = 0, 1) up: h ~ 2^33 keeps y for s
+    # = 0 (~2^-90) above the checks' 1e-30 absolute slack. 4 blocks: the avx2 tier converts scales 4
+    # at a time.
+    H, I, E = 32, 128, 1
     x = np.ones((1, H), BF16)
     ids = np.zeros((1, 1), np.int32)
     w = np.ones((1, 1), np.float32)
-    for s in (0, 1, 60, 127, 150, 200):
+
+    def banks_with(s: int, nan_block: int | None = None) -> dict[str, np.ndarray]:
         banks = {
             "w13": np.zeros((E, 2 * I, 1, 16), np.uint8),
-            "w13_scale": np.full((E, 2 * I, 1), 127, np.uint8),
-            "w2": np.zeros((E, H, 1, 16), np.uint8),
-            "w2_scale": np.full((E, H, 1), s, np.uint8),
+            "w13_scale": np.full((E, 2 * I, 1), 142, np.uint8),
+            "w2": np.zeros((E, H, I // 32, 16), np.uint8),
+            "w2_scale": np.full((E, H, I // 32), s, np.uint8),
         }
         banks["w13"][0, 0::2, 0, 0] = 0x07
         banks["w13"][0, 1::2, 0, 0] = 0x02
         j = np.arange(H)
-        banks["w2"][0, :, 0, 0] = ((2 * j) % 16) | (((2 * j + 1) % 16) << 4)
+        banks["w2"][0, :, :, 0] = (((2 * j) % 16) | (((2 * j + 1) % 16) << 4))[:, None]
+        if nan_block is not None:
+            banks["w2_scale"][0, :, nan_block] = 255  # e8m0 255 is NaN
+        return banks
+
+    for s in (0, 1, 60, 127, 150, 200):
+        banks = banks_with(s)
         y = run_layer(isa, banks, x, ids, w, E, I)
         ref, scale = reference(banks, x, ids, w, "silu")
         check(y, ref, scale, isa, int8_extra(isa, banks, x, ids, w, "silu"))
+    for b in range(I // 32):
+        banks = banks_with(127, nan_block=b)
+        ref, _ = reference(banks, x, ids, w, "silu")
+        assert np.isnan(ref).all()
+        y = run_layer(isa, banks, x, ids, w, E, I)
+        assert np.isnan(y.astype(np.float32)).all(), f"{isa}: scale 255 in block {b} must give NaN"
 
 
 @pytest.mark.parametrize("isa", TIERS)

@@ -53,9 +53,9 @@ inline size_t record_bytes(int K) { return static_cast<size_t>((K / 32 + 1) / 2)
 // elements 2j and 2j + 1 in byte j.
 enum class PairOrder { kHalves, kEvenOdd };
 
-// Quantizes the 32-blocks of x[k0, k1) (k0 a multiple of 64, k1 of 32 or K) into records at `base`
-// (records indexed from element 0 of the vector): codes and steps of int8_codes (int8_codes.h) per
-// block of 32, the offset c.
+// Quantizes elements [k0, k1) of a vector (k0 a multiple of 64, k1 of 32), given as x[k - k0], into
+// its records at `base` (indexed from element 0 of the vector): codes and steps of int8_codes
+// (int8_codes.h) per block of 32, the offset c.
 void quantize(const float* x, int k0, int k1, PairOrder order, int c, void* base);
 
 // out[j * os + r] = row r . x_j for rows [0, nrows) of nb blocks and NV vectors (records xs[j]).

@@ -69,12 +69,10 @@ void q8_prep_vec(const float* v, int i0, int i1, void* out);
 void q8_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
                        float* out, int os, int prefetch);
 
-// Int8 activations of the avx2 tier (mxfp4; VPMADDUBSW): a record of kQ8aBlockBytes per block of 32
-// elements: bytes 0..15 the int8 codes of its even elements 0, 2, .., 30 (the low nibbles'), 16..31
-// those of its odd elements, 32..35 fp32 dx; codes as int8_codes (int8_codes.h; amax over the
-// block), the value code * dx, dx = amax / 127. q8a_prep_vec takes elements [i0, i1)
-// as v[i - i0], whole blocks.
-constexpr size_t kQ8aBlockBytes = 36;
+// Int8 activations of the avx2 tier (mxfp4; VPMADDUBSW): avx2_pairs.h's records (pairs of blocks of
+// 32, codes in even/odd order, offset 12; codes as int8_codes (int8_codes.h), amax over the block of
+// 32, the value code * dx, dx = amax / 127). q8a_prep_vec takes elements [i0, i1) as v[i - i0], i0 a
+// multiple of 64.
 size_t q8a_vec_bytes(int K);
 void q8a_prep_vec(const float* v, int i0, int i1, void* out);
 void q8a_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,

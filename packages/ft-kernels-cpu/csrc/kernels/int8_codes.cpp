@@ -73,7 +73,7 @@ FT_TARGET_AVX2 void quantize(const float* x, int k0, int k1, PairOrder order, in
     uint8_t* rec = static_cast<uint8_t*>(base) + static_cast<size_t>(k / 64) * kPairBytes;
     alignas(32) int8_t codes[2][32] = {};
     float dx[2] = {0.f, 0.f};
-    for (int h = 0; h < 2 && k + 32 * h < k1; ++h) dx[h] = int8_codes(x + k + 32 * h, 32, codes[h], true) / 127.f;
+    for (int h = 0; h < 2 && k + 32 * h < k1; ++h) dx[h] = int8_codes(x + (k - k0) + 32 * h, 32, codes[h], true) / 127.f;
     for (int h = 0; h < 2; ++h) {
       for (int e = 0; e < 16; ++e) {
         const bool halves = order == PairOrder::kHalves;
