@@ -1,7 +1,7 @@
 // AVX2 row kernels with int8 activations that decode two 32-element blocks per 256-bit register,
 // for weight types whose blocks hold 16 bytes of nibbles that decode (with one VPSHUFB at most) to
 // unsigned byte codes u <= 24 with a constant offset c (the weight is (u - c) * scale): q4_0 (nibble
-// - 8) so far; avx2_u8rows.h is the one-block-per-register form the FP4 formats still use.
+// - 8), mxfp4 and nvfp4 (2 e2m1 + 12).
 //
 // Why pairs: one block's 16 bytes in one register need a 128-bit shift, an insert and an AND to make
 // 32 codes (the low nibbles, then the high ones), and its int32 lanes one conversion, one scale
@@ -15,7 +15,9 @@
 //   bytes 32..63  XH: the codes that meet H, the same way
 //   bytes 64..95  XO: 16 int16, VPMADDUBSW(c, XL) + VPMADDUBSW(c, XH) (the offset's pair sums, so no
 //                 row recomputes them)
-//   bytes 96..127 DX: fp32 step of x for each int32 lane (lanes 0-3: block b, 4-7: block b + 1)
+//   bytes 96..127 DX: fp32 step of x for each int32 lane (lanes 0-3: block b, 4-7: block b + 1;
+//                 with steps per 16 elements (nvfp4, kEvenOdd), lanes 0-1 hold block b's first step
+//                 and 2-3 its second: lane m sums elements 8m..8m+7 in that order)
 // A vector with an odd block count ends with a half pair: block b + 1's codes, offsets and steps
 // are zero. Which elements meet L and H is the weight type's nibble order (PairOrder); int32 lane m
 // of block b sums its int16 lanes 2m, 2m + 1, i.e. the bytes 4m..4m+3 of both halves.
@@ -55,8 +57,8 @@ enum class PairOrder { kHalves, kEvenOdd };
 
 // Quantizes elements [k0, k1) of a vector (k0 a multiple of 64, k1 of 32), given as x[k - k0], into
 // its records at `base` (indexed from element 0 of the vector): codes and steps of int8_codes
-// (int8_codes.h) per block of 32, the offset c.
-void quantize(const float* x, int k0, int k1, PairOrder order, int c, void* base);
+// (int8_codes.h) per group of `group` elements (32, or 16 with kEvenOdd), the offset c.
+void quantize(const float* x, int k0, int k1, PairOrder order, int c, int group, void* base);
 
 // out[j * os + r] = row r . x_j for rows [0, nrows) of nb blocks and NV vectors (records xs[j]).
 template <int NV, class B>

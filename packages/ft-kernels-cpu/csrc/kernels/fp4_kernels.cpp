@@ -714,7 +714,7 @@ size_t q8a_vec_bytes(int K) { return FT_X86 ? pairs::record_bytes(K) : 0; }
 
 void q8a_prep_vec(const float* v, int i0, int i1, void* out) {
 #if FT_X86
-  pairs::quantize(v, i0, i1, pairs::PairOrder::kEvenOdd, 12, out);
+  pairs::quantize(v, i0, i1, pairs::PairOrder::kEvenOdd, 12, 32, out);
 #else
   (void)v, (void)i0, (void)i1, (void)out;
   throw Error("fp4 int8 kernels need x86 (AVX2)");

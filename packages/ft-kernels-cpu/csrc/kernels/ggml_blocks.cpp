@@ -1167,7 +1167,7 @@ size_t GgmlMoeFormat::xq_bytes(const TypeInfo& t, int K) const {
 void GgmlMoeFormat::xq_quantize(const TypeInfo& t, const float* x, int k0, int k1, int K, void* base) const {
   if (avx2_q8_ && t.q8_avx2_pairs) {
 #if FT_X86
-    pairs::quantize(x + k0, k0, k1, pairs::PairOrder::kHalves, 8, base);
+    pairs::quantize(x + k0, k0, k1, pairs::PairOrder::kHalves, 8, 32, base);
 #endif
   } else if (avx2_q8_) {
     q8_blocks32_quantize(x, k0, k1, K, base);

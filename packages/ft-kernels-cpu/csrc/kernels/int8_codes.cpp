@@ -67,13 +67,18 @@ float int8_codes(const float* v, int n, int8_t* c, bool simd) {
 #if FT_X86
 namespace pairs {
 
-FT_TARGET_AVX2 void quantize(const float* x, int k0, int k1, PairOrder order, int c, void* base) {
+FT_TARGET_AVX2 void quantize(const float* x, int k0, int k1, PairOrder order, int c, int group, void* base) {
   const __m256i off = _mm256_set1_epi8(static_cast<char>(c));
   for (int k = k0; k < k1; k += 64) {
     uint8_t* rec = static_cast<uint8_t*>(base) + static_cast<size_t>(k / 64) * kPairBytes;
     alignas(32) int8_t codes[2][32] = {};
-    float dx[2] = {0.f, 0.f};
-    for (int h = 0; h < 2 && k + 32 * h < k1; ++h) dx[h] = int8_codes(x + (k - k0) + 32 * h, 32, codes[h], true) / 127.f;
+    float dx[2][2] = {};  // [block][group of 16] (both groups the same for group = 32)
+    for (int h = 0; h < 2 && k + 32 * h < k1; ++h) {
+      for (int q = 0; q < 32; q += group) {
+        dx[h][q / 16] = int8_codes(x + (k - k0) + 32 * h + q, group, codes[h] + q, true) / 127.f;
+        if (group == 32) dx[h][1] = dx[h][0];
+      }
+    }
     for (int h = 0; h < 2; ++h) {
       for (int e = 0; e < 16; ++e) {
         const bool halves = order == PairOrder::kHalves;
@@ -85,7 +90,7 @@ FT_TARGET_AVX2 void quantize(const float* x, int k0, int k1, PairOrder order, in
     const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(rec + 64),
                         _mm256_add_epi16(_mm256_maddubs_epi16(off, xl), _mm256_maddubs_epi16(off, xh)));
-    const float lanes[8] = {dx[0], dx[0], dx[0], dx[0], dx[1], dx[1], dx[1], dx[1]};
+    const float lanes[8] = {dx[0][0], dx[0][0], dx[0][1], dx[0][1], dx[1][0], dx[1][0], dx[1][1], dx[1][1]};
     std::memcpy(rec + 96, lanes, sizeof lanes);
   }
 }

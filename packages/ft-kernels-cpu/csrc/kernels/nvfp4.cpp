@@ -18,7 +18,7 @@
 // the intermediate) rearranged per chunk, prepared once per task (prep_input) and once per route
 // (prep_inter).
 //  - avx2 with hidden / intermediate multiples of 32: an int8-activation path (W4A8, VPMADDUBSW), x
-//    and the intermediate quantized per group of 16 in records per 32 elements (kQ8NvBlockBytes).
+//    and the intermediate quantized per group of 16 in avx2_pairs.h's records (pairs of 32-blocks).
 //  - avx2 otherwise, avx512: fp32 x, each chunk of 32 elements (16 for a last one) as its evens then
 //    its odds; e2m1 values widened to fp32 and FMA'd, group scales applied per group.
 //  - avx512_bf16 (with AVX512-VNNI): an int8-activation path (W4A8). x and the intermediate are
@@ -35,7 +35,7 @@
 #include <string>
 
 #include "format.h"
-#include "kernels/avx2_u8rows.h"
+#include "kernels/avx2_pairs.h"
 #include "kernels/fp8nv_common.h"
 #include "kernels/int8_codes.h"
 #include "kernels/row_reduce.h"
@@ -335,58 +335,72 @@ void vnni_quantize(const float*, int, int, uint8_t*) { throw Error("nvfp4: the i
 // ---- avx2 tier: int8 activations (VPMADDUBSW) ----
 //
 // x and the intermediate quantized per group of 16 (int8_codes: amax over the group, step amax/127,
-// round half to even), one record of kQ8NvBlockBytes per block of 32 elements: its 32 codes in the
-// nibble order of the weights (even elements 0, 2, .., 30, then the odd ones), then the two groups'
-// steps dx0 (elements 0..15), dx1 (16..31) as the 8 fp32 lanes [dx0 dx0 dx1 dx1 dx0 dx0 dx1 dx1]:
-// codes 0..7 and 16..23 belong to the first group, 8..15 and 24..31 to the second, so int32 lanes
-// 0, 1, 4, 5 of a block's dot product (avx2_u8rows.h: lane l sums codes 4l..4l+3) are the first
-// group's and 2, 3, 6, 7 the second's; the weights' two e4m3 scales go into the lanes the same way
-// (two broadcasts and a blend). Weights are 2 e2m1 + 12 (unsigned 0..24, offset 12): the dot product
-// is twice the value, halved with the global scale. For K a multiple of 32 (real checkpoints); other
-// K take the fp32 kernels. (A record with the two steps as two floats, spread by VPERMPS per block
-// and row, ran slower than the fp32 kernels.)
-constexpr size_t kQ8NvBlockBytes = 64;
+// round half to even) into avx2_pairs.h's records: pairs of blocks of 32, codes in the nibble order of
+// the weights (even elements, then odd), the int32 lanes 0-1 of a block the first group's, 2-3 the
+// second's, with their steps. Two blocks (32 bytes) per register; the weights' 8 e4m3 scales of 4
+// blocks are converted at once and spread over the lanes by VPERMPS. Weights are 2 e2m1 + 12
+// (unsigned 0..24, offset 12): the dot product is twice the value, halved with the global scale.
+// For K a multiple of 32 (real checkpoints); other K take the fp32 kernels.
 inline bool avx2_int8(Isa isa, int K) { return FT_X86 && isa == Isa::avx2 && K % 32 == 0; }
-size_t q8nv_bytes(int K) { return static_cast<size_t>(K / 32) * kQ8NvBlockBytes; }
+size_t q8nv_bytes(int K) { return FT_X86 ? pairs::record_bytes(K) : 0; }
 
-// Blocks of v[k0, k1) (multiples of 32; v and dst indexed from element 0 of the vector).
+// Elements [k0, k1) of v (k0 a multiple of 64, k1 of 32; v and dst indexed from element 0 of the
+// vector).
 void q8nv_quantize(const float* v, int k0, int k1, uint8_t* dst) {
-  for (int k = k0; k < k1; k += 32) {
-    uint8_t* rec = dst + static_cast<size_t>(k / 32) * kQ8NvBlockBytes;
-    int8_t c[32];
-    float d[2];
-    for (int g = 0; g < 2; ++g) d[g] = int8_codes(v + k + 16 * g, 16, c + 16 * g, FT_X86 != 0) / 127.f;
-    for (int e = 0; e < 16; ++e) {
-      rec[e] = static_cast<uint8_t>(c[2 * e]);
-      rec[16 + e] = static_cast<uint8_t>(c[2 * e + 1]);
-    }
-    const float lanes[8] = {d[0], d[0], d[1], d[1], d[0], d[0], d[1], d[1]};
-    std::memcpy(rec + 32, lanes, sizeof lanes);
-  }
+#if FT_X86
+  pairs::quantize(v + k0, k0, k1, pairs::PairOrder::kEvenOdd, 12, 16, dst);
+#else
+  (void)v, (void)k0, (void)k1, (void)dst;
+#endif
 }
 
 #if FT_X86
-struct Nvfp4U8Rows {
-  static constexpr int kOffset = 12, kRows = 1;
+struct Nvfp4Pairs {
+  static constexpr int kOffset = 12;
   const uint8_t* W;
   const uint8_t* SC;
   size_t ldw, lds;
-  const float* lut;  // e4m3 byte -> value
   const Prefetch* pf;
-  FT_TARGET_AVX2 __m256i codes(int row, int b) const { return u8rows::e2m1_codes(W + row * ldw + 16 * b); }
-  FT_TARGET_AVX2 __m256 scale(int row, int b) const {
-    const uint8_t* s = SC + row * lds + 2 * b;
-    return _mm256_blend_ps(_mm256_broadcast_ss(lut + s[0]), _mm256_broadcast_ss(lut + s[1]), 0xcc);
+  FT_TARGET_AVX2 static void split(__m256i raw, __m256i& L, __m256i& H) {
+    const __m256i tab =
+        _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+    const __m256i m4 = _mm256_set1_epi8(15);
+    L = _mm256_shuffle_epi8(tab, _mm256_and_si256(raw, m4));
+    H = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
   }
-  void ahead(int row, int b) const {
-    if (pf->dist) pf->ahead(W + row * ldw + 16 * b);
+  FT_TARGET_AVX2 void pair(int row, int p, __m256i& L, __m256i& H) const {
+    split(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(W + row * ldw + 32 * p)), L, H);
   }
-};
-
-struct Q8NvX {
-  const uint8_t* const* xs;
-  const uint8_t* codes(int j, int b) const { return xs[j] + static_cast<size_t>(b) * kQ8NvBlockBytes; }
-  FT_TARGET_AVX2 __m256 dx(int j, int b) const { return _mm256_loadu_ps(reinterpret_cast<const float*>(codes(j, b) + 32)); }
+  FT_TARGET_AVX2 void half(int row, int p, __m256i& L, __m256i& H) const {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(W + row * ldw + 32 * p));
+    split(_mm256_set_m128i(_mm_setzero_si128(), a), L, H);
+  }
+  // n <= 8 e4m3fn scale bytes as fp32, exactly, without a table: the magnitude bits placed as fp32
+  // exponent and mantissa (e << 23 | m << 20) times 2^120 give 2^(e - 7) (1 + m / 8), and for e = 0
+  // the fp32 subnormal m 2^-129 times 2^120 = m 2^-9; the sign moves to bit 31; 0x7f / 0xff (NaN)
+  // become all ones (a NaN).
+  FT_TARGET_AVX2 static __m256 e4m3x8(const uint8_t* s, int n) {
+    uint64_t b = 0;
+    std::memcpy(&b, s, n);
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(b)));
+    const __m256i mag = _mm256_and_si256(v, _mm256_set1_epi32(0x7f));
+    const __m256i bits = _mm256_or_si256(_mm256_slli_epi32(mag, 20),
+                                         _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x80)), 24));
+    const __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(0x1p120f));
+    return _mm256_or_ps(f, _mm256_castsi256_ps(_mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7f))));
+  }
+  FT_TARGET_AVX2 void scales4(int row, int g, __m256& s0, __m256& s1) const {
+    const __m256 f = e4m3x8(SC + row * lds + 8 * g, 8);
+    s0 = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+    s1 = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7));
+  }
+  FT_TARGET_AVX2 __m256 scales2(int row, int p, bool half) const {
+    const __m256 f = e4m3x8(SC + row * lds + 4 * p, half ? 2 : 4);
+    return _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+  }
+  void ahead(int row, int g) const {
+    if (pf->dist) pf->ahead(W + row * ldw + 64 * g);
+  }
 };
 #endif
 
@@ -401,9 +415,9 @@ void nvfp4_rows(Isa isa, const uint8_t* W, const uint8_t* SC, const float* G, in
 #if FT_X86
   if (avx2_int8(isa, K)) {
     const Prefetch pf(W, nrows * ldw, prefetch);
-    const Nvfp4U8Rows blk{W, SC, ldw, lds, fp8nv::e4m3_table().v, &pf};
+    const Nvfp4Pairs blk{W, SC, ldw, lds, &pf};
     const uint8_t* const* xq = reinterpret_cast<const uint8_t* const*>(xs);
-    dispatch_n(n, [&](auto nv) { u8rows::rows<decltype(nv)::value>(blk, Q8NvX{xq}, nrows, K / 32, out, os); });
+    dispatch_n(n, [&](auto nv) { pairs::rows<decltype(nv)::value>(blk, xq, nrows, K / 32, out, os); });
     for (int j = 0; j < n; ++j)
       for (int r = 0; r < nrows; ++r) out[j * os + r] *= 0.5f * G[r];
     return;
@@ -463,11 +477,11 @@ class Nvfp4Format final : public MoeFormat {
     b2_ = static_cast<const float*>(args.optional_bank("w2_bias", {E, H}, DType::f32));
   }
 
-  // prep_inter takes whole chunks of the tier's order (32, or 256 for VNNI). Pass-1 units of 64 rows:
-  // 96 units per Qwen3-30B-A3B decode step, measured best of 32 / 64 / 256 on the 16-core Xeon
-  // (docs/benchmarks.md).
+  // prep_inter takes whole chunks of the tier's order (32, 64 for the avx2 int8 records, or 256 for
+  // VNNI). Pass-1 units of 64 rows: 96 units per Qwen3-30B-A3B decode step, measured best of 32 / 64
+  // / 256 on the 16-core Xeon (docs/benchmarks.md).
   int pass1_rows() const override { return vnni() ? 64 : 32; }
-  int prep_rows() const override { return vnni() ? 256 : 32; }
+  int prep_rows() const override { return vnni() ? 256 : avx2_int8(p_.isa, p_.intermediate) ? 64 : 32; }
   int pass2_rows() const override { return kPass2Rows; }
 
   void prep_input(const TaskInput& in) override {
