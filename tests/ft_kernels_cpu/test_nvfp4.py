@@ -164,6 +164,27 @@ def test_edge_shapes(isa: str, H: int, I: int) -> None:
 
 
 @pytest.mark.parametrize("isa", TIERS)
+def test_nan_scale_codes_give_nan(isa: str) -> None:
+    # e4m3fn 0x7f and 0xff are NaN: a down row with one such group scale must give NaN in every tier
+    # (the avx2 int8 path converts scales without a table, 8 at a time). I = 160 has 10 groups in 5
+    # blocks: group 0 and 3 fall in the first 4 blocks, group 9 in the last, unpaired block.
+    E, H, I = 1, 64, 160
+    ids = np.zeros((1, 1), np.int32)
+    w = np.ones((1, 1), np.float32)
+    for code in (0x7F, 0xFF):
+        for g in (0, 3, 9):
+            rng = np.random.default_rng([code, g])
+            banks = make_layer(rng, E, H, I)
+            banks["w2_scale"][0, :, g] = code
+            assert np.isnan(dequant(banks["w2"], banks["w2_scale"], banks["w2_scale_2"])[0, :, 16 * g]).all()
+            ex = fk.MoeExecutor(hidden=H, top_k=1, max_tokens=1, num_threads=2, isa=isa)
+            ex.add_layer(0, "nvfp4", num_experts=E, intermediate=I, banks=banks, activation="silu")
+            x = (2.0 * rng.standard_normal((1, H))).astype(BF16)
+            y = ex.run(0, x, ids, w).astype(np.float32)
+            assert np.isnan(y).all(), f"{isa}: scale code {code:#x} in group {g} must give NaN"
+
+
+@pytest.mark.parametrize("isa", TIERS)
 def test_biases_and_swigluoai_options(isa: str) -> None:
     rng = np.random.default_rng(7)
     E, H, I = 4, 96, 48
