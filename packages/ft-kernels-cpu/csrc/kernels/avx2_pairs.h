@@ -25,7 +25,7 @@
 // Per pair and vector: VPMADDUBSW of L by XL and of H by XH (u <= 24, |x| <= 127: pair sums <=
 // 6096, their sum minus XO stays within int16), VPADDW, VPSUBW of XO, VPMADDWD by ones (exact int32),
 // conversion, the weight scales times DX, one FMA. Every row takes the same operations in the same
-// order whatever the vector count, so results do not depend on how tokens are grouped into calls.
+// order for a given vector count, so results do not depend on how rows are split among threads.
 //
 // The block policy B provides (FT_TARGET_AVX2, inlined):
 //   static constexpr int kOffset;                                  c
@@ -76,10 +76,14 @@ FT_TARGET_AVX2 inline void rows(const B& blk, const uint8_t* const* xs, int nrow
                                _mm256_mul_ps(s, _mm256_loadu_ps(reinterpret_cast<const float*>(x + 96))), acc[j]);
     }
   };
+  // Two sets of accumulators (even and odd pairs: two FMA chains per vector) for up to 2 vectors; one
+  // set for more, which keeps 8 vectors' accumulators in registers (16 spilled to the stack, and the
+  // loads and stores of the spills cost more than the longer chains).
+  constexpr int A = NV <= 2 ? 2 : 1;
   for (int r = 0; r < nrows; ++r) {
-    // Two sets of accumulators (even and odd pairs): two FMA chains per vector.
     __m256 a0[NV], a1[NV];
     for (int j = 0; j < NV; ++j) a0[j] = a1[j] = _mm256_setzero_ps();
+    __m256(&odd)[NV] = A == 2 ? a1 : a0;
     int g = 0;
     for (; 4 * g + 4 <= nb; ++g) {
       blk.ahead(r, g);
@@ -89,7 +93,7 @@ FT_TARGET_AVX2 inline void rows(const B& blk, const uint8_t* const* xs, int nrow
       blk.pair(r, 2 * g, L, H);
       pair(L, H, s0, 2 * g, a0);
       blk.pair(r, 2 * g + 1, L, H);
-      pair(L, H, s1, 2 * g + 1, a1);
+      pair(L, H, s1, 2 * g + 1, odd);
     }
     // 1-3 blocks left: a whole pair, then a half one.
     int p = 2 * g;
@@ -103,9 +107,9 @@ FT_TARGET_AVX2 inline void rows(const B& blk, const uint8_t* const* xs, int nrow
     if (2 * p < nb) {
       __m256i L, H;
       blk.half(r, p, L, H);
-      pair(L, H, blk.scales2(r, p, true), p, a1);
+      pair(L, H, blk.scales2(r, p, true), p, odd);
     }
-    for (int j = 0; j < NV; ++j) out[j * os + r] = hsum8(_mm256_add_ps(a0[j], a1[j]));
+    for (int j = 0; j < NV; ++j) out[j * os + r] = hsum8(A == 2 ? _mm256_add_ps(a0[j], a1[j]) : a0[j]);
   }
 }
 
