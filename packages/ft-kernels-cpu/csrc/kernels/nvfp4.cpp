@@ -147,7 +147,7 @@ FT_TARGET_AVX512 void nvfp4_row_avx512(const uint8_t* w, const uint8_t* sc, cons
       pf.ahead(wb + 64);
     }
     // 16 group scales (times 2^-8, see fp8nv_common.h).
-    const __m512 S = fp8nv::e4m3x16_avx512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + k / 16)));
+    const __m512 S = fp8nv::e4m3x16_nan_avx512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + k / 16)));
     __m512i idx = pair0;
     for (int q = 0; q < 8; ++q) {
       const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 16 * q)));
@@ -236,7 +236,7 @@ FT_TARGET_AVX512_BF16 void nvfp4_row_vnni(const uint8_t* w, const uint8_t* sc, c
     const __m512i hiP = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(P, 4), low4));
     const __m512i loQ = _mm512_shuffle_epi8(tab, _mm512_and_si512(Q, low4));
     const __m512i hiQ = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(Q, 4), low4));
-    const __m512 S = fp8nv::e4m3x16_avx512(s16);  // lane g: group g (times 2^-8)
+    const __m512 S = fp8nv::e4m3x16_nan_avx512(s16);  // lane g: group g (times 2^-8)
     for (int j = 0; j < N; ++j) {
       const uint8_t* xr = xs[j] + static_cast<size_t>(c / 256) * kVnniBlockBytes;
       __m512i t = _mm512_dpbusd_epi32(_mm512_loadu_si512(xr + 256), loP, _mm512_loadu_si512(xr));
@@ -266,7 +266,7 @@ FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void nvfp4_vnni_bloc
   const __m512i hiP = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(P, 4), low4));
   const __m512i loQ = _mm512_shuffle_epi8(tab, _mm512_and_si512(Q, low4));
   const __m512i hiQ = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(Q, 4), low4));
-  const __m512 S = fp8nv::e4m3x16_avx512(s16);
+  const __m512 S = fp8nv::e4m3x16_nan_avx512(s16);
   __m512i t = _mm512_dpbusd_epi32(_mm512_loadu_si512(xr + 256), loP, _mm512_loadu_si512(xr));
   t = _mm512_dpbusd_epi32(t, hiP, _mm512_loadu_si512(xr + 64));
   t = _mm512_dpbusd_epi32(t, loQ, _mm512_loadu_si512(xr + 128));
