@@ -50,30 +50,42 @@ float fp8_row_scalar(const uint8_t* w, const float* S, int B, const float* x, in
 
 // The column block [c0, c0 + n) of one row (wb: its n bytes) against N vectors: a[j], the fp8 x
 // fp32 products at the 2^-8 scale of the fp16 decode, with the scalar remainder of a short block
-// folded in. Two chains per vector with Two (the FMA latency), one otherwise.
-template <int N, bool Two>
+// folded in. C chains per vector (the FMA latency: 4 for one vector, 32 weights a step; 2 for two; 1
+// for more, whose vectors are the independent chains). With 2 chains one vector was held to 16
+// weights per FMA latency (4 cycles on Zen 3).
+template <int N, int C>
 FT_TARGET_AVX2 __attribute__((always_inline)) inline void fp8_block_avx2(const uint8_t* wb, int n, const float* const* xs,
                                                                          int c0, __m256* a) {
-  __m256 a1[Two ? N : 1];
-  for (int j = 0; j < N; ++j) a[j] = _mm256_setzero_ps();
-  if constexpr (Two)
-    for (int j = 0; j < N; ++j) a1[j] = _mm256_setzero_ps();
-  int k = 0;
-  for (; k + 16 <= n; k += 16) {
+  static_assert(C == 1 || C == 2 || (C == 4 && N == 1), "1, 2 or (one vector) 4 chains");
+  __m256 ac[C][N];
+  for (int c = 0; c < C; ++c)
+    for (int j = 0; j < N; ++j) ac[c][j] = _mm256_setzero_ps();
+  // 16 weights into chains c0 and c1 (the same chain for C = 1).
+  auto step = [&](int k, int ca, int cb) FT_TARGET_AVX2 {
     __m256 w0, w1;
     fp8nv::e4m3x16_avx2(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + k)), w0, w1);
     for (int j = 0; j < N; ++j) {
       const float* xb = xs[j] + c0 + k;
-      a[j] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xb), a[j]);
-      if constexpr (Two) {
-        a1[j] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), a1[j]);
-      } else {
-        a[j] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), a[j]);
-      }
+      ac[ca][j] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xb), ac[ca][j]);
+      ac[cb][j] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), ac[cb][j]);
+    }
+  };
+  int k = 0;
+  if constexpr (C == 4) {
+    for (; k + 32 <= n; k += 32) {
+      step(k, 0, 1);
+      step(k + 16, 2, 3);
     }
   }
+  for (; k + 16 <= n; k += 16) step(k, 0, C > 1 ? 1 : 0);
   for (int j = 0; j < N; ++j) {
-    if constexpr (Two) a[j] = _mm256_add_ps(a[j], a1[j]);
+    if constexpr (C == 4) {
+      a[j] = _mm256_add_ps(_mm256_add_ps(ac[0][j], ac[1][j]), _mm256_add_ps(ac[2][j], ac[3][j]));
+    } else if constexpr (C == 2) {
+      a[j] = _mm256_add_ps(ac[0][j], ac[1][j]);
+    } else {
+      a[j] = ac[0][j];
+    }
     if (k < n) {
       const float* lut = fp8nv::e4m3_table().v;
       float r = 0.f;
@@ -108,7 +120,7 @@ FT_TARGET_AVX2 void fp8_row_avx2(const uint8_t* w, const float* S, int B, const 
     const int n = std::min(B, K - c0);
     pf.ahead_range(w + c0, n);
     __m256 a[N];
-    fp8_block_avx2<N, two>(w + c0, n, xs, c0, a);
+    fp8_block_avx2<N, N == 1 ? 4 : two ? 2 : 1>(w + c0, n, xs, c0, a);
     const __m256 s = _mm256_set1_ps(S[c]);
     for (int j = 0; j < N; ++j) {
       if constexpr (two) {
@@ -144,7 +156,7 @@ FT_TARGET_AVX2 void fp8_group_avx2(const uint8_t* W, size_t ld, const float* con
         for (int o = 0; o < n; o += 64) prefetch_line(reinterpret_cast<const char*>(next + r * ld + c0 + o));
       }
       __m256 a[N];
-      fp8_block_avx2<N, false>(W + r * ld + c0, n, xs, c0, a);
+      fp8_block_avx2<N, 1>(W + r * ld + c0, n, xs, c0, a);
       const __m256 s = _mm256_set1_ps(S[r][c]);
       for (int j = 0; j < N; ++j) _mm256_store_ps(totm[r][j], _mm256_fmadd_ps(a[j], s, _mm256_load_ps(totm[r][j])));
     }
