@@ -51,15 +51,14 @@ FT_TARGET_AVX2 void rows(const uint8_t* W, const uint8_t* S, int nrows, const vo
     __m256 a0[NV], a1[NV];
     for (int j = 0; j < NV; ++j) a0[j] = a1[j] = _mm256_setzero_ps();
     // Blocks b and b + 1 (if `pair`) against every vector's record b / 2, into acc.
-    auto step = [&](int b, bool pair, __m256* acc) FT_TARGET_AVX2 {
+    // ws: the scales of blocks b, b + 1 per int32 lane (4 each).
+    auto step = [&](int b, bool pair, __m256 ws, __m256* acc) FT_TARGET_AVX2 {
       const __m256i wv = pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 * b))
                               : _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16 * b)));
       const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(wv, m));
       const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(wv, 4), m));
       const __m256i w0 = _mm256_unpacklo_epi8(zero, lo), w1 = _mm256_unpackhi_epi8(zero, lo);
       const __m256i w2 = _mm256_unpacklo_epi8(zero, hi), w3 = _mm256_unpackhi_epi8(zero, hi);
-      const __m256 ws =
-          _mm256_setr_m128(_mm_set1_ps(fp4::kE8m0.v[s[b]]), _mm_set1_ps(pair ? fp4::kE8m0.v[s[b + 1]] : 0.f));
       const size_t xo = static_cast<size_t>(b / 2) * kAvx2Record;
       for (int j = 0; j < NV; ++j) {
         const char* x = static_cast<const char*>(xs[j]) + xo;
@@ -82,12 +81,16 @@ FT_TARGET_AVX2 void rows(const uint8_t* W, const uint8_t* S, int nrows, const vo
     int b = 0;
     for (; b + 4 <= nb; b += 4) {
       if (pw.dist) pw.ahead(w + 16 * b);
-      step(b, true, a0);
-      step(b + 2, true, two ? a1 : a0);
+      // The 4 blocks' scales at once (fp4::e8m0x4), spread over the lanes.
+      const __m256 f = _mm256_castps128_ps256(fp4::e8m0x4(s + b));
+      step(b, true, _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1)), a0);
+      step(b + 2, true, _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3)), two ? a1 : a0);
     }
     for (; b < nb; b += 2) {
       if (pw.dist) pw.ahead(w + 16 * b);
-      step(b, b + 1 < nb, a0);
+      const bool pair = b + 1 < nb;
+      step(b, pair,
+           _mm256_setr_m128(_mm_set1_ps(fp4::kE8m0.v[s[b]]), _mm_set1_ps(pair ? fp4::kE8m0.v[s[b + 1]] : 0.f)), a0);
     }
     for (int j = 0; j < NV; ++j) out[j * os + r] = hsum8(two ? _mm256_add_ps(a0[j], a1[j]) : a0[j]);
   }

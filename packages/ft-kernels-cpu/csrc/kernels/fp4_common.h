@@ -33,6 +33,20 @@ struct E8m0Table {
 };
 extern const E8m0Table kE8m0;
 
+#if FT_X86
+// The e8m0 scales s[0..3] as kE8m0 gives them, without a table (a VPGATHERDPS per 4 blocks held a
+// Zen 3 core to 7.7 GB/s in cache, against 13-14 without it): e << 23 is 2^(e - 127) for e in
+// 1..254; e = 0 (2^-127 = 0x00400000) is the unsigned maximum with that; e = 255 (inf so far) takes
+// a quiet-NaN bit.
+FT_TARGET_AVX2 inline __m128 e8m0x4(const uint8_t* s) {
+  uint32_t e;
+  __builtin_memcpy(&e, s, sizeof e);
+  const __m128i ev = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(static_cast<int>(e)));
+  const __m128i nan = _mm_and_si128(_mm_cmpeq_epi32(ev, _mm_set1_epi32(255)), _mm_set1_epi32(0x00400000));
+  return _mm_castsi128_ps(_mm_or_si128(_mm_max_epu32(_mm_slli_epi32(ev, 23), _mm_set1_epi32(0x00400000)), nan));
+}
+#endif
+
 // Bytes of a prepared vector of K elements for the kernels of `isa`.
 size_t vec_bytes(Isa isa, int K);
 
