@@ -50,6 +50,16 @@ namespace pairs {
 constexpr size_t kPairBytes = 128;
 inline size_t record_bytes(int K) { return static_cast<size_t>((K / 32 + 1) / 2) * kPairBytes; }
 
+// 32 bytes of packed e2m1 (two blocks) as the unsigned codes 2 e2m1 + 12 (0..24, offset 12): L from
+// the low nibbles (the even elements), H from the high ones (mxfp4, nvfp4).
+FT_TARGET_AVX2 inline void e2m1_split(__m256i raw, __m256i& L, __m256i& H) {
+  const __m256i tab =
+      _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+  const __m256i m4 = _mm256_set1_epi8(15);
+  L = _mm256_shuffle_epi8(tab, _mm256_and_si256(raw, m4));
+  H = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
+}
+
 // Which elements of a block meet the low nibbles: q4_0 (and ggml's other 32-element types) store
 // element j in the low nibble of byte j and j + 16 in its high nibble; the e2m1 formats store
 // elements 2j and 2j + 1 in byte j.

@@ -439,21 +439,14 @@ struct Fp4Pairs {
   const uint8_t* S;
   int K;
   const Streams* pf;
-  FT_TARGET_AVX2 static void split(__m256i raw, __m256i& L, __m256i& H) {
-    const __m256i tab =
-        _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-    const __m256i m4 = _mm256_set1_epi8(15);
-    L = _mm256_shuffle_epi8(tab, _mm256_and_si256(raw, m4));
-    H = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
-  }
   const uint8_t* row_w(int row) const { return W + static_cast<size_t>(row) * (K / 2); }
   const uint8_t* row_s(int row) const { return S + static_cast<size_t>(row) * (K / 32); }
   FT_TARGET_AVX2 void pair(int row, int p, __m256i& L, __m256i& H) const {
-    split(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row_w(row) + 32 * p)), L, H);
+    pairs::e2m1_split(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row_w(row) + 32 * p)), L, H);
   }
   FT_TARGET_AVX2 void half(int row, int p, __m256i& L, __m256i& H) const {
-    split(_mm256_set_m128i(_mm_setzero_si128(), _mm_loadu_si128(reinterpret_cast<const __m128i*>(row_w(row) + 32 * p))),
-          L, H);
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row_w(row) + 32 * p));
+    pairs::e2m1_split(_mm256_set_m128i(_mm_setzero_si128(), a), L, H);
   }
   // e8m0 / 2 of blocks 4g..4g+3, exactly as 0.5 * kE8m0 (halving is exact: 2^-128 and 2^-127 stay
   // as subnormals).

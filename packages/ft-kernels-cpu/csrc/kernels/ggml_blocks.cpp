@@ -9,7 +9,6 @@
 #include <cstring>
 
 #include "avx2_pairs.h"
-#include "avx2_u8rows.h"
 #include "bf16_dot.h"
 #include "dispatch_n.h"
 #include "int8_codes.h"
@@ -274,7 +273,8 @@ struct Q4_0Pairs {
   void pair(int row, int p, __m256i& L, __m256i& H) const {
     const uint8_t* q = at(row, 2 * p);
     const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 2));
-    L = split(_mm256_inserti128_si256(_mm256_castsi128_si256(a), _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 20)), 1), H);
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 20));
+    L = split(_mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1), H);
   }
   void half(int row, int p, __m256i& L, __m256i& H) const {
     const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at(row, 2 * p) + 2));
@@ -309,6 +309,10 @@ void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, f
   pairs::rows<NV>(Q4_0Pairs{W, ld, prefetch ? &pf : nullptr}, x, nrows, nb, out, os);
 }
 
+// Q4_K's rows per step for NV vectors: 4 rows side by side for one vector, 2 for two, else 1 (the
+// accumulators of R * NV chains in registers).
+constexpr int q4_k_rows_per_step(int nv) { return nv == 1 ? 4 : nv == 2 ? 2 : 1; }
+
 // The 8 6-bit scales (bytes 0..7) and mins (bytes 8..15) of a Q4_K/Q5_K super-block's 12 scale
 // bytes, as kquant_scale_min, a 32-bit word (4 of them) at a time.
 inline __m128i kquant_scale_min_x(const uint8_t* s) {
@@ -325,8 +329,8 @@ inline __m128i kquant_scale_min_x(const uint8_t* s) {
 // even) or high (s odd) nibbles of qs[32 (s / 2) .. +32]. Per sub-block: q (unsigned, <= 15) times x
 // (signed) by VPMADDUBSW directly, scaled by d sc[s] dx[s] (8 at a time per super-block); the min
 // terms dmin m[s] times x's fp32 sums per sub-block, 8 at a time (one FMA per super-block).
-// Rows [r, r + R) against NV vectors: R * NV accumulators, each one FMA chain (R as avx2_u8rows.h's
-// rows_per_step; rows computed alone or in a group take the same operations).
+// Rows [r, r + R) against NV vectors: R * NV accumulators, each one FMA chain (R: q4_k_rows_per_step;
+// rows computed alone or in a group take the same operations).
 template <int R, int NV>
 void q4_k_step(const uint8_t* W, size_t ld, int r, int nb, const Q8Ref* xs, int K, float* out, int os,
                const StreamPrefetch<>& pf) {
@@ -387,7 +391,7 @@ void q4_k_step(const uint8_t* W, size_t ld, int r, int nb, const Q8Ref* xs, int 
 
 template <int NV>
 void rows_q4_k(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
-  constexpr int R = u8rows::rows_per_step(NV);
+  constexpr int R = q4_k_rows_per_step(NV);
   const int nb = K / 256;
   const StreamPrefetch<> pf(W, rows_stream_bytes(ld, nrows, static_cast<size_t>(nb) * 144), prefetch);
   int r = 0;

@@ -361,19 +361,12 @@ struct Nvfp4Pairs {
   const uint8_t* SC;
   size_t ldw, lds;
   const Prefetch* pf;
-  FT_TARGET_AVX2 static void split(__m256i raw, __m256i& L, __m256i& H) {
-    const __m256i tab =
-        _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-    const __m256i m4 = _mm256_set1_epi8(15);
-    L = _mm256_shuffle_epi8(tab, _mm256_and_si256(raw, m4));
-    H = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
-  }
   FT_TARGET_AVX2 void pair(int row, int p, __m256i& L, __m256i& H) const {
-    split(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(W + row * ldw + 32 * p)), L, H);
+    pairs::e2m1_split(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(W + row * ldw + 32 * p)), L, H);
   }
   FT_TARGET_AVX2 void half(int row, int p, __m256i& L, __m256i& H) const {
     const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(W + row * ldw + 32 * p));
-    split(_mm256_set_m128i(_mm_setzero_si128(), a), L, H);
+    pairs::e2m1_split(_mm256_set_m128i(_mm_setzero_si128(), a), L, H);
   }
   // n <= 8 e4m3fn scale bytes as fp32, exactly, without a table: the magnitude bits placed as fp32
   // exponent and mantissa (e << 23 | m << 20) times 2^120 give 2^(e - 7) (1 + m / 8), and for e = 0
