@@ -27,7 +27,7 @@ QUANTIZABLE = {Q.Q8_0, Q.Q4_0, Q.BF16, Q.F16, Q.MXFP4}
 # (gate_up_type, down_type) pairings of real GGUF files, cycled through the activation/batch matrix.
 PAIRS = [(Q.Q4_K, Q.Q6_K), (Q.Q8_0, Q.Q8_0), (Q.MXFP4, Q.MXFP4), (Q.Q5_K, Q.Q6_K), (Q.Q4_0, Q.BF16)]
 # Types whose kernels take int8 activations, per tier: VNNI in avx512_bf16, VPMADDUBSW in avx2.
-INT8_TYPES = {"avx512_bf16": {Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K}, "avx2": {Q.Q4_0, Q.Q4_K, Q.Q6_K}}
+INT8_TYPES = {"avx512_bf16": {Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K}, "avx2": {Q.Q4_0, Q.MXFP4, Q.Q4_K, Q.Q6_K}}
 
 
 def int8_group(qtype: Q, isa: str = "avx512_bf16") -> int:
@@ -203,6 +203,7 @@ def test_many_tokens_on_few_experts(isa: str, gu: Q, dn: Q) -> None:
         ("avx512_bf16", Q.Q6_K, Q.Q4_K),
         ("avx512_bf16", Q.Q4_0, Q.Q5_K),
         ("avx2", Q.Q4_0, Q.Q4_0),
+        ("avx2", Q.MXFP4, Q.MXFP4),
         ("avx2", Q.Q4_K, Q.Q6_K),
         ("avx2", Q.Q6_K, Q.Q4_K),
     ],
@@ -233,6 +234,44 @@ def test_int8_paths_match_an_int8_emulation(isa: str, gu: Q, dn: Q, T: int) -> N
     groups = int8_group(gu, isa), int8_group(dn, isa)
     ref, scale, flip = int8_emulated_reference(x, ids, w, wref, "silu", *groups)
     check(ex.run(0, x, ids, w), ref, scale, f"{gu.name}/{dn.name} T={T}", 1.01 * flip)
+
+
+@pytest.mark.parametrize("isa", TIERS)
+def test_mxfp4_extreme_e8m0_scales(isa: str) -> None:
+    # ggml's MXFP4 scale is e8m0_half(e) = 2^(e - 128), e = 0 and 1 the fp32 subnormals 2^-128 and
+    # 2^-127 (gguf.quants.dequantize agrees). Gate rows hold code 7 (6) and up rows code 2 (1) in
+    # element 0 at e = 143 (2^15): h = silu(6 * 2^15) * 2^15 ~ 2^33 on every row, so that down rows
+    # at e = 0 and 1 (y ~ 2^-90) show above the checks' 1e-30 absolute slack. The down rows' first
+    # byte in each of their 4 blocks holds codes 2j % 16 and (2j + 1) % 16 (elements 0 and 16): every
+    # code; 4 blocks is one step of the avx2 tier's 4-scale conversion.
+    H, I, E = 32, 128, 1
+    x = np.ones((1, H), BF16)
+    ids = np.zeros((1, 1), np.int32)
+    w = np.ones((1, 1), np.float32)
+    options = {"gate_up_type": int(Q.MXFP4), "down_type": int(Q.MXFP4)}
+    gate = np.zeros((E, I, 17), np.uint8)
+    gate[..., 0], gate[..., 1] = 143, 0x07
+    up = gate.copy()
+    up[..., 1] = 0x02
+    j = np.arange(H)
+    for e in (0, 1, 2, 127, 200):
+        down = np.zeros((E, H, I // 32, 17), np.uint8)
+        down[..., 0] = e
+        down[0, :, :, 1] = (((2 * j) % 16) | (((2 * j + 1) % 16) << 4))[:, None]
+        down = down.reshape(E, H, -1)
+        banks = {"gate": gate, "up": up, "down": down}
+        wref = {
+            "w_gate": dequantize(gate.reshape(E * I, -1), Q.MXFP4).reshape(E, I, H).astype(np.float64),
+            "w_up": dequantize(up.reshape(E * I, -1), Q.MXFP4).reshape(E, I, H).astype(np.float64),
+            "w_down": dequantize(down.reshape(E * H, -1), Q.MXFP4).reshape(E, H, I).astype(np.float64),
+        }
+        ex = fk.MoeExecutor(hidden=H, top_k=1, max_tokens=1, num_threads=2, isa=isa)
+        ex.add_layer(0, "gguf", num_experts=E, intermediate=I, banks=banks, options=options)
+        y = ex.run(0, x, ids, w)
+        ref, scale = moe_reference(x, ids, w, **wref)
+        assert np.abs(ref).max() > 1e-28
+        extra = reference_extra(isa, Q.MXFP4, Q.MXFP4, x, ids, w, wref, "silu", False, {})
+        check(y, ref, scale, f"{isa} MXFP4 e8m0 {e}", extra)
 
 
 def test_errors_name_the_bank_option_and_expected_shape() -> None:

@@ -1,6 +1,6 @@
 // The ggml block types of ggml_blocks.h: scalar kernels, the fp32 SIMD tiers (ggml_tier_kernels.h
 // compiled for AVX2 and AVX-512), the int8-activation kernels of the avx2 tier (VPMADDUBSW: Q4_0,
-// Q4_K, Q6_K) and of the avx512_bf16 tier (VNNI), the type table and the format class shared by
+// MXFP4, Q4_K, Q6_K) and of the avx512_bf16 tier (VNNI), the type table and the format class shared by
 // `q4_0` and `gguf`.
 #include "ggml_blocks.h"
 
@@ -238,23 +238,15 @@ struct V {
 }  // namespace
 }  // namespace avx2
 
-// ---- avx2 tier: int8 activations for Q4_0, Q4_K, Q6_K (VPMADDUBSW) ----
+// ---- avx2 tier: int8 activations for Q4_0, MXFP4, Q4_K, Q6_K (VPMADDUBSW) ----
 //
 // x and the intermediate quantized per 32-block: kQ8Blocks32 (ggml_blocks.h) for Q4_K and Q6_K,
-// avx2_pairs.h's records for Q4_0, whose nibbles are its unsigned codes with offset 8: elements
-// 0..15 from the low nibbles, 16..31 from the high ones; the lanes are multiplied into fp32
-// accumulators by d_w * dx of the block. On CPUs without AVX-512 (most desktop parts) this replaces
+// avx2_pairs.h's records for Q4_0 and MXFP4, whose nibbles (elements 0..15 the low ones, 16..31 the
+// high ones) are unsigned codes with an offset: Q4_0's nibbles with 8, MXFP4's looked up as 2 e2m1 +
+// 12 with 12; the lanes are multiplied into fp32 accumulators by the weight scale times dx. On CPUs without AVX-512 (most desktop parts) this replaces
 // the fp32 kernels (ggml_tier_kernels.h), which widen every code to a float (docs/benchmarks.md).
 namespace avx2q8 {
 namespace {
-
-// Activations in kQ8Blocks32: codes of block b at q + 32 b, dx at byte K + 4 b.
-struct Blocks32X {
-  const Q8Ref* xs;
-  int K;
-  const uint8_t* codes(int j, int b) const { return xs[j].q + 32 * b; }
-  __m256 dx(int j, int b) const { return _mm256_broadcast_ss(reinterpret_cast<const float*>(xs[j].q + K) + b); }
-};
 
 // Q4_0 as avx2_pairs.h's block policy: blocks 2p and 2p + 1 (36 bytes) give their 16 code bytes
 // each to one register; the fp16 scales of 4 blocks (bytes 0, 18, 36, 54) are gathered by three
@@ -299,6 +291,59 @@ struct Q4_0Pairs {
     if (pf) pf->advance(at(row, 4 * g));
   }
 };
+
+// ggml's MXFP4 (17-byte blocks: e8m0 e, then 16 bytes of e2m1 nibbles in Q4_0's element order) as
+// avx2_pairs.h's block policy: the codes 2 e2m1 + 12 (pairs::e2m1_split, offset 12) of blocks 2p and
+// 2p + 1, and e8m0_half per block, 4 at a time in vector code with e8m0_half's values (2^(e - 128);
+// e = 0 and 1 the fp32 subnormals 2^-128 and 2^-127, 255 the finite 2^127 as ggml has it).
+struct Mxfp4Pairs {
+  static constexpr int kOffset = 12;
+  const uint8_t* W;
+  size_t ld;
+  StreamPrefetchCursor* pf;
+  const uint8_t* at(int row, int b) const { return W + row * ld + 17 * b; }
+  void pair(int row, int p, __m256i& L, __m256i& H) const {
+    const uint8_t* q = at(row, 2 * p);
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 1));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 18));
+    pairs::e2m1_split(_mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1), L, H);
+  }
+  void half(int row, int p, __m256i& L, __m256i& H) const {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at(row, 2 * p) + 1));
+    pairs::e2m1_split(_mm256_set_m128i(_mm_setzero_si128(), a), L, H);
+  }
+  // e8m0_half of 4 exponents (lanes 0-3 of e): (e - 1) << 23 from e = 2 on, 0x00200000 << e below.
+  static __m128 half_scales(__m128i e) {
+    const __m128i big = _mm_sub_epi32(_mm_slli_epi32(e, 23), _mm_set1_epi32(0x00800000));
+    const __m128i small = _mm_sllv_epi32(_mm_set1_epi32(0x00200000), e);
+    return _mm_castsi128_ps(_mm_blendv_epi8(big, small, _mm_cmpgt_epi32(_mm_set1_epi32(2), e)));
+  }
+  void scales4(int row, int g, __m256& s0, __m256& s1) const {
+    const uint8_t* q = at(row, 4 * g);
+    const __m128i e = _mm_setr_epi32(q[0], q[17], q[34], q[51]);
+    const __m256 f = _mm256_castps128_ps256(half_scales(e));
+    s0 = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+    s1 = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3));
+  }
+  __m256 scales2(int row, int p, bool half) const {
+    const uint8_t* q = at(row, 2 * p);
+    const __m256 f = _mm256_castps128_ps256(half_scales(_mm_setr_epi32(q[0], half ? 0 : q[17], 0, 0)));
+    const __m256 s = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+    return half ? _mm256_blend_ps(s, _mm256_setzero_ps(), 0xf0) : s;
+  }
+  void ahead(int row, int g) const {
+    if (pf) pf->advance(at(row, 4 * g));
+  }
+};
+
+template <int NV>
+void rows_mxfp4(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
+  const int nb = K / 32;
+  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * 17, prefetch);
+  const uint8_t* x[NV];
+  for (int j = 0; j < NV; ++j) x[j] = xs[j].q;
+  pairs::rows<NV>(Mxfp4Pairs{W, ld, prefetch ? &pf : nullptr}, x, nrows, nb, out, os);
+}
 
 template <int NV>
 void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
@@ -460,6 +505,9 @@ void rows_q6_k(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, f
 
 void q8_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) {
   dispatch_n(n, [&](auto nv) { rows_q4_0<decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
+}
+void q8_mxfp4(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) {
+  dispatch_n(n, [&](auto nv) { rows_mxfp4<decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
 }
 void q8_q4_k(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) {
   dispatch_n(n, [&](auto nv) { rows_q4_k<decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
@@ -1080,17 +1128,18 @@ constexpr int kQ8Avx2Prefetch = 8192;
 // The supported types, in the order they are listed in errors. In the avx512_bf16 tier the types
 // with a q8 kernel take int8 activations (VNNI); the others run the AVX-512 fp32 kernels there (the
 // weights are dequantized to fp32 in registers either way, and a bf16 dot product would only add a
-// conversion). In the avx2 tier the types with a q8_avx2 kernel (Q4_0, Q4_K, Q6_K) take int8
+// conversion). In the avx2 tier the types with a q8_avx2 kernel (Q4_0, MXFP4, Q4_K, Q6_K) take int8
 // activations too.
 const TypeInfo kTypes[] = {
     {8, "Q8_0", 32, 34, FT_GGML_TIERS((rows_scalar<32, 34, deq_q8_0>), Q8_0), FT_GGML_Q8(q8_32, Q8_0), true, 32, 0, nullptr},
     {2, "Q4_0", 32, 18, FT_GGML_TIERS((rows_scalar<32, 18, deq_q4_0>), Q4_0), FT_GGML_Q8_Q4_0, false, 256, kQ8Q4_0,
-     FT_GGML_Q8_AVX2(q4_0), true},
+     FT_GGML_Q8_AVX2(q4_0), 8},
     {30, "BF16", 1, 2, {rows_bf16<Isa::scalar>, rows_bf16<Isa::avx2>, rows_bf16<Isa::avx512>, rows_bf16<Isa::avx512>},
      {multi_bf16<Isa::scalar>, multi_bf16<Isa::avx2>, multi_bf16<Isa::avx512>, multi_bf16<Isa::avx512>}, nullptr, false,
      32, 0, nullptr},
     {1, "F16", 1, 2, FT_GGML_F16_TIERS, nullptr, false, 32, 0, nullptr},
-    {39, "MXFP4", 32, 17, FT_GGML_TIERS((rows_scalar<32, 17, deq_mxfp4>), MXFP4), nullptr, false, 32, 0, nullptr},
+    {39, "MXFP4", 32, 17, FT_GGML_TIERS((rows_scalar<32, 17, deq_mxfp4>), MXFP4), nullptr, false, 32, 0,
+     FT_GGML_Q8_AVX2(mxfp4), 12},
     {12, "Q4_K", 256, 144, FT_GGML_TIERS((rows_scalar<256, 144, deq_q4_k>), Q4_K), FT_GGML_Q8(q8_256, QK45<false>),
      false, 256, kQ8KQuant, FT_GGML_Q8_AVX2(q4_k)},
     {14, "Q6_K", 256, 210, FT_GGML_TIERS((rows_scalar<256, 210, deq_q6_k>), Q6_K), FT_GGML_Q8(q8_256, Q6K), false,
@@ -1171,7 +1220,7 @@ size_t GgmlMoeFormat::xq_bytes(const TypeInfo& t, int K) const {
 void GgmlMoeFormat::xq_quantize(const TypeInfo& t, const float* x, int k0, int k1, int K, void* base) const {
   if (avx2_q8_ && t.q8_avx2_pairs) {
 #if FT_X86
-    pairs::quantize(x + k0, k0, k1, pairs::PairOrder::kHalves, 8, 32, base);
+    pairs::quantize(x + k0, k0, k1, pairs::PairOrder::kHalves, t.q8_avx2_pairs, 32, base);
 #endif
   } else if (avx2_q8_) {
     q8_blocks32_quantize(x, k0, k1, K, base);

@@ -68,7 +68,7 @@ using MultiFn = void (*)(const uint8_t* W, size_t ld, int nrows, const float* co
 //                          128c + 64 + 4l .. +3): the start of the VPDPBUSD lanes (Q4_0's offset 8)
 //   bytes 384 .. 387       dx of the group (fp32)
 //
-// kQ8Blocks32 (the avx2 tier's int8 kernels of Q4_K and Q6_K; Q4_0's take avx2_pairs.h's records;
+// kQ8Blocks32 (the avx2 tier's int8 kernels of Q4_K and Q6_K; Q4_0's and MXFP4's take avx2_pairs.h's records;
 // G = 32; codes as int8_codes in int8_codes.h, the same as above for finite x): q[K] int8 codes in
 // element order, then fp32 dx per 32-block (dx of element k at byte K + 4 (k / 32)), then fp32 sums
 // of the unquantized x per 32-block (the min terms of Q4_K) at byte K + K/8 + 4 (k / 32); K + K/4
@@ -106,7 +106,7 @@ struct TypeInfo {
   int q8_group;            // elements per x scale that q8 expects (32 or 256)
   int q8_layout;           // Q8Layout of the x that q8 takes
   Q8Fn q8_avx2;            // int8-activation kernels of the avx2 tier (VPMADDUBSW) or nullptr
-  bool q8_avx2_pairs = false;  // q8_avx2 takes x as avx2_pairs.h's records (else kQ8Blocks32)
+  int q8_avx2_pairs = 0;   // q8_avx2 takes x as avx2_pairs.h's records with this code offset (0: kQ8Blocks32)
 };
 
 // The supported type of ggml id `id`, or nullptr.
