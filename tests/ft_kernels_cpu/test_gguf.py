@@ -18,7 +18,7 @@ from helpers.checks import (
     run_many_tokens_on_few_experts,
 )
 from helpers.int8_bounds import int8_emulated_reference, int8_error_bound
-from helpers.moe_reference import ACTIVATIONS, BF16, moe_reference, random_inputs
+from helpers.moe_reference import ACTIVATIONS, BF16, moe_reference, one_token_on_expert_0, random_inputs
 
 TIERS = fk.isa_tiers()
 TYPES = [Q.Q8_0, Q.Q4_0, Q.BF16, Q.F16, Q.MXFP4, Q.Q4_K, Q.Q6_K, Q.Q5_K]
@@ -27,7 +27,10 @@ QUANTIZABLE = {Q.Q8_0, Q.Q4_0, Q.BF16, Q.F16, Q.MXFP4}
 # (gate_up_type, down_type) pairings of real GGUF files, cycled through the activation/batch matrix.
 PAIRS = [(Q.Q4_K, Q.Q6_K), (Q.Q8_0, Q.Q8_0), (Q.MXFP4, Q.MXFP4), (Q.Q5_K, Q.Q6_K), (Q.Q4_0, Q.BF16)]
 # Types whose kernels take int8 activations, per tier: VNNI in avx512_bf16, VPMADDUBSW in avx2.
-INT8_TYPES = {"avx512_bf16": {Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K}, "avx2": {Q.Q4_0, Q.MXFP4, Q.Q4_K, Q.Q6_K}}
+INT8_TYPES = {
+    "avx512_bf16": {Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K},
+    "avx2": {Q.Q4_0, Q.MXFP4, Q.Q4_K, Q.Q6_K},
+}
 
 
 def int8_group(qtype: Q, isa: str = "avx512_bf16") -> int:
@@ -245,9 +248,7 @@ def test_mxfp4_extreme_e8m0_scales(isa: str) -> None:
     # byte in each of their 4 blocks holds codes 2j % 16 and (2j + 1) % 16 (elements 0 and 16): every
     # code; 4 blocks is one step of the avx2 tier's 4-scale conversion.
     H, I, E = 32, 128, 1
-    x = np.ones((1, H), BF16)
-    ids = np.zeros((1, 1), np.int32)
-    w = np.ones((1, 1), np.float32)
+    x, ids, w = one_token_on_expert_0(H)
     options = {"gate_up_type": int(Q.MXFP4), "down_type": int(Q.MXFP4)}
     gate = np.zeros((E, I, 17), np.uint8)
     gate[..., 0], gate[..., 1] = 143, 0x07

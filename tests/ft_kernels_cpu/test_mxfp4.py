@@ -14,7 +14,14 @@ from helpers.checks import (
 )
 from helpers.fp4_reference import dequant_fp4, random_fp4, random_scales
 from helpers.int8_bounds import int8_emulated_reference, int8_error_bound
-from helpers.moe_reference import ACTIVATIONS, BF16, bias_terms, moe_reference, random_inputs
+from helpers.moe_reference import (
+    ACTIVATIONS,
+    BF16,
+    bias_terms,
+    moe_reference,
+    one_token_on_expert_0,
+    random_inputs,
+)
 
 TIERS = fk.isa_tiers()
 
@@ -157,9 +164,7 @@ def test_extreme_e8m0_scales_and_every_e2m1_code(isa: str) -> None:
     # = 0 (~2^-90) above the checks' 1e-30 absolute slack. 4 blocks: the avx2 tier converts scales 4
     # at a time.
     H, I, E = 32, 128, 1
-    x = np.ones((1, H), BF16)
-    ids = np.zeros((1, 1), np.int32)
-    w = np.ones((1, 1), np.float32)
+    x, ids, w = one_token_on_expert_0(H)
 
     def banks_with(s: int, nan_block: int | None = None) -> dict[str, np.ndarray]:
         banks = {

@@ -88,6 +88,11 @@ def random_routes(rng: np.random.Generator, T: int, top_k: int, num_experts: int
     return ids
 
 
+def one_token_on_expert_0(H: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x, ids, w of one token of ones (bf16) routed to expert 0 alone with weight 1."""
+    return np.ones((1, H), BF16), np.zeros((1, 1), np.int32), np.ones((1, 1), np.float32)
+
+
 def random_inputs(
     rng: np.random.Generator, T: int, H: int, top_k: int, num_experts: int, x_scale: float = 1.0
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -336,22 +336,14 @@ struct Mxfp4Pairs {
   }
 };
 
-template <int NV>
-void rows_mxfp4(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
+// Rows of a 32-element ggml type of `bytes` bytes a block with pair policy P (Q4_0Pairs, Mxfp4Pairs).
+template <class P, int bytes, int NV>
+void rows_pairs(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
   const int nb = K / 32;
-  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * 17, prefetch);
+  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * bytes, prefetch);
   const uint8_t* x[NV];
   for (int j = 0; j < NV; ++j) x[j] = xs[j].q;
-  pairs::rows<NV>(Mxfp4Pairs{W, ld, prefetch ? &pf : nullptr}, x, nrows, nb, out, os);
-}
-
-template <int NV>
-void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
-  const int nb = K / 32;
-  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * 18, prefetch);
-  const uint8_t* x[NV];
-  for (int j = 0; j < NV; ++j) x[j] = xs[j].q;
-  pairs::rows<NV>(Q4_0Pairs{W, ld, prefetch ? &pf : nullptr}, x, nrows, nb, out, os);
+  pairs::rows<NV>(P{W, ld, prefetch ? &pf : nullptr}, x, nrows, nb, out, os);
 }
 
 // Q4_K's rows per step for NV vectors: 4 rows side by side for one vector, 2 for two, else 1 (the
@@ -504,10 +496,10 @@ void rows_q6_k(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, f
 }
 
 void q8_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) {
-  dispatch_n(n, [&](auto nv) { rows_q4_0<decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
+  dispatch_n(n, [&](auto nv) { rows_pairs<Q4_0Pairs, 18, decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
 }
 void q8_mxfp4(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) {
-  dispatch_n(n, [&](auto nv) { rows_mxfp4<decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
+  dispatch_n(n, [&](auto nv) { rows_pairs<Mxfp4Pairs, 17, decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
 }
 void q8_q4_k(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) {
   dispatch_n(n, [&](auto nv) { rows_q4_k<decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
