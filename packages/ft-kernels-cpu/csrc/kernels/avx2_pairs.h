@@ -1,7 +1,7 @@
 // AVX2 row kernels with int8 activations that decode two 32-element blocks per 256-bit register,
 // for weight types whose blocks hold 16 bytes of nibbles that decode (with one VPSHUFB at most) to
-// unsigned byte codes u <= 24 with a constant offset c (the weight is (u - c) * scale): q4_0 (nibble
-// - 8), mxfp4 and nvfp4 (2 e2m1 + 12).
+// unsigned byte codes u <= 24 with a constant offset c (the weight is (u - c) * scale): q4_0 and
+// gguf's Q4_0 (nibble - 8), mxfp4, nvfp4 and gguf's MXFP4 (2 e2m1 + 12).
 //
 // Why pairs: one block's 16 bytes in one register need a 128-bit shift, an insert and an AND to make
 // 32 codes (the low nibbles, then the high ones), and its int32 lanes one conversion, one scale
@@ -10,7 +10,7 @@
 // scale multiply and FMA serve both: on a Zen 3 core the q4_0 row loop went from ~14 to ~8 vector
 // operations per block (docs/benchmarks.md, ninth session).
 //
-// x's record per pair of blocks (b, b + 1), kPairBytes, built by pairs_quantize:
+// x's record per pair of blocks (b, b + 1), kPairBytes, built by pairs::quantize:
 //   bytes  0..31  XL: the codes that meet L: block b's 16, then block b + 1's
 //   bytes 32..63  XH: the codes that meet H, the same way
 //   bytes 64..95  XO: 16 int16, VPMADDUBSW(c, XL) + VPMADDUBSW(c, XH) (the offset's pair sums, so no
@@ -51,7 +51,8 @@ constexpr size_t kPairBytes = 128;
 inline size_t record_bytes(int K) { return static_cast<size_t>((K / 32 + 1) / 2) * kPairBytes; }
 
 // 32 bytes of packed e2m1 (two blocks) as the unsigned codes 2 e2m1 + 12 (0..24, offset 12): L from
-// the low nibbles (the even elements), H from the high ones (mxfp4, nvfp4).
+// the low nibbles, H from the high ones (the even and odd elements in mxfp4 and nvfp4, elements
+// 0..15 and 16..31 in ggml's MXFP4).
 FT_TARGET_AVX2 inline void e2m1_split(__m256i raw, __m256i& L, __m256i& H) {
   const __m256i tab =
       _mm256_broadcastsi128_si256(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
