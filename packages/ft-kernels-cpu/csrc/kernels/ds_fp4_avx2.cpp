@@ -129,11 +129,7 @@ FT_TARGET_AVX2 void round_trip_avx2(const float* v, int n, int block, float* q, 
     const int m = std::min(block, n - b0);
     __m256 mx = _mm256_setzero_ps();
     for (int i = 0; i < m; i += 8) mx = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(v + b0 + i), absmask), mx);
-    float s = std::max(hmax8(mx), 1e-4f) / 448.f;
-    uint32_t bits;
-    std::memcpy(&bits, &s, sizeof bits);
-    if (bits & 0x7fffffu) bits = (bits & 0xff800000u) + 0x800000u;
-    std::memcpy(&s, &bits, sizeof s);
+    const float s = fp4::fp8_scale_of_amax(hmax8(mx));
     for (int i = b0; i < b0 + m; i += 32) s32[i / 32] = s;
     const __m256 inv = _mm256_set1_ps(1.f / s), sv = _mm256_set1_ps(s);
     for (int i = b0; i < b0 + m; i += 8) {

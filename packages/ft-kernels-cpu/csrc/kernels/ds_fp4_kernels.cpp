@@ -68,12 +68,8 @@ FT_TARGET_AVX512 void e4m3_step(const float* v, int n, int block, __m512* r, flo
     };
     __m512 mx = _mm512_setzero_ps();
     for (int i = 0; i < m; i += 16) mx = _mm512_max_ps(mx, _mm512_and_ps(_mm512_maskz_loadu_ps(mask(i), v + b0 + i), absmask));
-    // The scale exactly as fp8_round_trip: max(amax, 1e-4) / 448 rounded up to a power of two.
-    float sc = std::max(_mm512_reduce_max_ps(mx), 1e-4f) / 448.f;
-    uint32_t bits;
-    std::memcpy(&bits, &sc, sizeof bits);
-    if (bits & 0x7fffffu) bits = (bits & 0xff800000u) + 0x800000u;
-    std::memcpy(&sc, &bits, sizeof sc);
+    // The scale exactly as fp8_round_trip.
+    const float sc = fp4::fp8_scale_of_amax(_mm512_reduce_max_ps(mx));
     // v / s == v * (1 / s) exactly: s is a power of two within the normal range, so is 1 / s.
     const __m512 inv = _mm512_set1_ps(1.f / sc);
     for (int i = 0; i < block; i += 16) {

@@ -104,8 +104,17 @@ inline int prefetch_distance(int configured, bool explicit_) { return explicit_ 
 // amax = max |v|, s = 2^ceil(log2(max(amax, 1e-4) / 448)), out = e4m3fn_rne_sat(v / s) * s. The last
 // block may be short. Exact fp32 arithmetic (the scale is a power of two), no ISA dependence.
 void fp8_round_trip(const float* v, int n, int block, float* out);
-// That scale of the block v[0, n): 2^ceil(log2(max(amax, 1e-4) / 448)).
-float fp8_block_scale(const float* v, int n);
+// That scale from the block's amax: 2^ceil(log2(max(amax, 1e-4) / 448)). max(amax, 1e-4) / 448 is a
+// normal float, so rounding up to a power of two is clearing the mantissa and bumping the exponent
+// when any mantissa bit is set. (The scalar, AVX2 and AVX-512 round trips all take it from here.)
+inline float fp8_scale_of_amax(float amax) {
+  float s = (amax < 1e-4f ? 1e-4f : amax) / 448.f;  // std::max(amax, 1e-4f), NaN kept
+  uint32_t bits;
+  __builtin_memcpy(&bits, &s, sizeof bits);
+  if (bits & 0x7fffffu) bits = (bits & 0xff800000u) + 0x800000u;
+  __builtin_memcpy(&s, &bits, sizeof s);
+  return s;
+}
 
 }  // namespace fp4
 }  // namespace ft

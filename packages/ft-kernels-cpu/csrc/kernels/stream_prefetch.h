@@ -58,9 +58,11 @@ struct StreamPrefetch {
     for (const char* e = std::min(end, q + dist); q < e; q += 64) prefetch_line<Hint>(q);
   }
   // Called once per 64-byte line read at `p`: requests the line `dist` bytes ahead, within the stream.
+  // H: the cache to fill, the stream's own by default (a kernel may override it).
+  template <PrefetchHint H = Hint>
   void ahead(const void* p) const {
     const char* q = static_cast<const char*>(p) + dist;
-    if (q < end) prefetch_line<Hint>(q);
+    if (q < end) prefetch_line<H>(q);
   }
   // Every line of [p, p + n) moved `dist` ahead.
   void ahead_range(const void* p, size_t n) const {
