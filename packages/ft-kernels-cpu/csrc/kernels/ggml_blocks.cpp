@@ -243,8 +243,9 @@ struct V {
 // x and the intermediate quantized per 32-block: kQ8Blocks32 (ggml_blocks.h) for Q4_K and Q6_K,
 // avx2_pairs.h's records for Q4_0 and MXFP4, whose nibbles (elements 0..15 the low ones, 16..31 the
 // high ones) are unsigned codes with an offset: Q4_0's nibbles with 8, MXFP4's looked up as 2 e2m1 +
-// 12 with 12; the lanes are multiplied into fp32 accumulators by the weight scale times dx. On CPUs without AVX-512 (most desktop parts) this replaces
-// the fp32 kernels (ggml_tier_kernels.h), which widen every code to a float (docs/benchmarks.md).
+// 12 with 12; the lanes are multiplied into fp32 accumulators by the weight scale times dx. On CPUs
+// without AVX-512 (most desktop parts) this replaces the fp32 kernels (ggml_tier_kernels.h), which
+// widen every code to a float (docs/benchmarks.md).
 namespace avx2q8 {
 namespace {
 

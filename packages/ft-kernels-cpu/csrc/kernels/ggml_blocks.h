@@ -68,11 +68,11 @@ using MultiFn = void (*)(const uint8_t* W, size_t ld, int nrows, const float* co
 //                          128c + 64 + 4l .. +3): the start of the VPDPBUSD lanes (Q4_0's offset 8)
 //   bytes 384 .. 387       dx of the group (fp32)
 //
-// kQ8Blocks32 (the avx2 tier's int8 kernels of Q4_K and Q6_K; Q4_0's and MXFP4's take avx2_pairs.h's records;
-// G = 32; codes as int8_codes in int8_codes.h, the same as above for finite x): q[K] int8 codes in
-// element order, then fp32 dx per 32-block (dx of element k at byte K + 4 (k / 32)), then fp32 sums
-// of the unquantized x per 32-block (the min terms of Q4_K) at byte K + K/8 + 4 (k / 32); K + K/4
-// bytes.
+// kQ8Blocks32 (the avx2 tier's int8 kernels of Q4_K and Q6_K; Q4_0's and MXFP4's take
+// avx2_pairs.h's records; G = 32; codes as int8_codes in int8_codes.h, the same as above for finite
+// x): q[K] int8 codes in element order, then fp32 dx per 32-block (dx of element k at byte K + 4 (k /
+// 32)), then fp32 sums of the unquantized x per 32-block (the min terms of Q4_K) at byte K + K/8 + 4
+// (k / 32); K + K/4 bytes.
 inline size_t q8_bytes(int K) { return 2 * static_cast<size_t>(K) + static_cast<size_t>(K) / 8; }
 inline size_t q8_blocks32_bytes(int K) { return static_cast<size_t>(K) + static_cast<size_t>(K) / 4; }
 constexpr size_t kQ4_0XGroupBytes = 448;

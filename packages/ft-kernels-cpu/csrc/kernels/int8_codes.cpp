@@ -79,15 +79,19 @@ FT_TARGET_AVX2 void quantize(const float* x, int k0, int k1, PairOrder order, in
         if (group == 32) dx[h][1] = dx[h][0];
       }
     }
-    for (int h = 0; h < 2; ++h) {
-      for (int e = 0; e < 16; ++e) {
-        const bool halves = order == PairOrder::kHalves;
-        rec[16 * h + e] = static_cast<uint8_t>(codes[h][halves ? e : 2 * e]);
-        rec[32 + 16 * h + e] = static_cast<uint8_t>(codes[h][halves ? 16 + e : 2 * e + 1]);
-      }
+    // The two blocks' codes into XL / XH (avx2_pairs.h): halves as they are, even/odd split per
+    // 128-bit lane by VPSHUFB (evens, then odds of each 16) and gathered by VPERMQ.
+    __m256i a = _mm256_load_si256(reinterpret_cast<const __m256i*>(codes[0]));
+    __m256i b = _mm256_load_si256(reinterpret_cast<const __m256i*>(codes[1]));
+    if (order == PairOrder::kEvenOdd) {
+      const __m256i eo =
+          _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+      a = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(a, eo), 0xd8);
+      b = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(b, eo), 0xd8);
     }
-    const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec));
-    const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32));
+    const __m256i xl = _mm256_permute2x128_si256(a, b, 0x20), xh = _mm256_permute2x128_si256(a, b, 0x31);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(rec), xl);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(rec + 32), xh);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(rec + 64),
                         _mm256_add_epi16(_mm256_maddubs_epi16(off, xl), _mm256_maddubs_epi16(off, xh)));
     const float lanes[8] = {dx[0][0], dx[0][0], dx[0][1], dx[0][1], dx[1][0], dx[1][0], dx[1][1], dx[1][1]};
