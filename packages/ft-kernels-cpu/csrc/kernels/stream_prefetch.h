@@ -8,6 +8,15 @@
 // (MoeParams::prefetch; each format picks its distance, see prefetch_distance in fp8nv_common.h and
 // fp4_common.h).
 //
+// Two levels on Intel (prefetch_two_level()): the line `dist` ahead goes to L2 whatever the stream's
+// hint, and the line kNearPrefetch ahead to L1. An L1 prefetch holds one of a core's few L1 fill
+// buffers until its line arrives from DRAM, so 8 KiB of them in flight left a core that also decodes
+// streaming at the sum of its compute and memory time; L2 prefetches queue further out, and the near
+// L1 ones then wait only on L2. Measured with scripts/kernels-ab (docs/benchmarks.md, tenth session):
+// 2-core Xeon, batch 1, fp8_block 0.57 -> 0.80 of the read bandwidth, q4_0 0.60 -> 0.78, gguf 0.60 ->
+// 0.77, bf16 0.73 -> 0.94; the GPU machine's Xeon at 16 threads, bf16 0.86 -> 0.91, mxfp4 0.71 ->
+// 0.77. Elsewhere (AMD) one level with the stream's own hint, as measured on Zen 3-5.
+//
 // Two ways to walk a stream:
 //   StreamPrefetch        stateless, passed by const reference into the kernels: ahead(p) once per
 //                         64-byte line read at p (bf16, fp8_block, nvfp4, mxfp4, ds_fp4).
@@ -40,6 +49,17 @@ inline void prefetch_line(const char* q) {
 #endif
 }
 
+// The near L1 distance of the two-level scheme, bytes. 1 KiB: 16 lines, about what a core's L1 fill
+// buffers hold.
+constexpr int kNearPrefetch = 1024;
+
+// True on Intel: far prefetches go to L2 and a second, near one to L1 (see the top of this file).
+// CPUID is read once (in a VM every CPUID is a VM exit).
+inline bool prefetch_two_level() {
+  static const bool intel = cpu_is_intel();
+  return intel;
+}
+
 // Bytes from the first row of a call to the end of its last: nrows rows of row_bytes, ld bytes apart.
 inline size_t rows_stream_bytes(size_t ld, int nrows, size_t row_bytes) {
   return nrows > 0 ? static_cast<size_t>(nrows - 1) * ld + row_bytes : 0;
@@ -49,20 +69,29 @@ template <PrefetchHint Hint = PrefetchHint::L1>
 struct StreamPrefetch {
   const char* end = nullptr;  // one past the last byte of the stream
   int dist = 0;               // bytes ahead; 0 disables
+  int near = 0;               // two-level: the L1 prefetch's distance (0: one level)
 
   StreamPrefetch() = default;
   // The stream [begin, begin + bytes); its first `dist` bytes are requested here.
-  StreamPrefetch(const void* begin, size_t bytes, int d) : end(static_cast<const char*>(begin) + bytes), dist(d) {
+  StreamPrefetch(const void* begin, size_t bytes, int d)
+      : end(static_cast<const char*>(begin) + bytes),
+        dist(d),
+        near(d > kNearPrefetch && prefetch_two_level() ? kNearPrefetch : 0) {
     if (!dist) return;
     const char* q = static_cast<const char*>(begin);
-    for (const char* e = std::min(end, q + dist); q < e; q += 64) prefetch_line<Hint>(q);
+    for (const char* e = std::min(end, q + dist); q < e; q += 64) far_line<Hint>(q);
   }
-  // Called once per 64-byte line read at `p`: requests the line `dist` bytes ahead, within the stream.
-  // H: the cache to fill, the stream's own by default (a kernel may override it).
+  // Called once per 64-byte line read at `p`: requests the line `dist` bytes ahead, within the stream
+  // (and, two-level, the line `near` ahead into L1). H: the cache of the far line, the stream's own by
+  // default (a kernel may override it); two-level, the far line always goes to L2.
   template <PrefetchHint H = Hint>
   void ahead(const void* p) const {
     const char* q = static_cast<const char*>(p) + dist;
-    if (q < end) prefetch_line<H>(q);
+    if (q < end) far_line<H>(q);
+    if (near) {
+      const char* n = static_cast<const char*>(p) + near;
+      if (n < end) prefetch_line<PrefetchHint::L1>(n);
+    }
   }
   // Every line of [p, p + n) moved `dist` ahead.
   void ahead_range(const void* p, size_t n) const {
@@ -70,21 +99,45 @@ struct StreamPrefetch {
     const char* q = static_cast<const char*>(p);
     for (size_t o = 0; o < n; o += 64) ahead(q + o);
   }
+
+ private:
+  template <PrefetchHint H>
+  void far_line(const char* q) const {
+    if (near) {
+      prefetch_line<PrefetchHint::L2>(q);
+    } else {
+      prefetch_line<H>(q);
+    }
+  }
 };
 
 struct StreamPrefetchCursor {
-  const char* next;  // first line not requested yet
-  const char* end;   // one past the last byte of the stream
-  int dist;          // bytes ahead; 0 disables (callers skip advance())
+  const char* next;       // first line not requested yet
+  const char* next_near;  // two-level: first line not requested into L1 yet
+  const char* end;        // one past the last byte of the stream
+  int dist;               // bytes ahead; 0 disables (callers skip advance())
+  int near;               // two-level: the L1 prefetch's distance (0: one level, into L1)
 
   // The stream [begin, begin + bytes); nothing is requested before the first advance(), which asks
   // for the stream's first `dist` bytes (and more) at once.
   StreamPrefetchCursor(const void* begin, size_t bytes, int d)
-      : next(static_cast<const char*>(begin)), end(static_cast<const char*>(begin) + bytes), dist(d) {}
-  // Reading at `p`: requests every line not requested yet up to p + dist, within the stream.
+      : next(static_cast<const char*>(begin)),
+        next_near(next),
+        end(static_cast<const char*>(begin) + bytes),
+        dist(d),
+        near(d > kNearPrefetch && prefetch_two_level() ? kNearPrefetch : 0) {}
+  // Reading at `p`: requests every line not requested yet up to p + dist (two-level: into L2, and
+  // those up to p + near into L1), within the stream.
   void advance(const void* p) {
-    const char* lim = std::min(end, static_cast<const char*>(p) + dist);
-    for (; next < lim; next += 64) prefetch_line(next);
+    const char* at = static_cast<const char*>(p);
+    const char* lim = std::min(end, at + dist);
+    if (!near) {
+      for (; next < lim; next += 64) prefetch_line(next);
+      return;
+    }
+    for (; next < lim; next += 64) prefetch_line<PrefetchHint::L2>(next);
+    const char* lim_near = std::min(end, at + near);
+    for (; next_near < lim_near; next_near += 64) prefetch_line(next_near);
   }
 };
 
