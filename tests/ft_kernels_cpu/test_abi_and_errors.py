@@ -266,3 +266,41 @@ def test_prefetch_distance_never_changes_results(monkeypatch: pytest.MonkeyPatch
         small_executor()
     with pytest.raises(ValueError, match=r"prefetch_bytes must be \[0, 65536\], got 70000"):
         small_executor(prefetch_bytes=70000)
+
+
+def _cpu_is_intel() -> bool:
+    try:
+        return "GenuineIntel" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        pytest.skip("no /proc/cpuinfo to tell the CPU vendor")
+
+
+def test_two_level_prefetch_never_changes_results(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The L1 distance of the two-level prefetch: outputs bit-identical with one level, with the
+    # default near distance and with one as far as the stream's own distance (near unused).
+    x, ids, w = task()
+    outs = []
+    for near in ("0", "64", "1024", "8192"):
+        monkeypatch.setenv("FT_CPU_MOE_PREFETCH_L1", near)
+        ex = small_executor(prefetch_bytes=8192, num_threads=2)
+        assert ex.prefetch_l1_bytes == int(near)
+        outs.append(ex.run(0, x, ids, w).view(np.uint16))
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+
+
+def test_two_level_prefetch_default_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FT_CPU_MOE_PREFETCH_L1", raising=False)
+    intel = _cpu_is_intel()
+    # Two levels only on Intel pools of up to 4 threads (docs/benchmarks.md, tenth session).
+    for threads, expected in ((1, 1024), (4, 1024), (5, 0), (16, 0)):
+        assert small_executor(num_threads=threads).prefetch_l1_bytes == (expected if intel else 0), threads
+    monkeypatch.setenv("FT_CPU_MOE_PREFETCH_L1", "near")
+    with pytest.raises(ValueError, match=r"FT_CPU_MOE_PREFETCH_L1='near' is not an integer"):
+        small_executor()
+    monkeypatch.setenv("FT_CPU_MOE_PREFETCH_L1", "1000")
+    with pytest.raises(ValueError, match=r"FT_CPU_MOE_PREFETCH_L1=1000 must be a multiple of 64 in \[0, 65536\]"):
+        small_executor()
+    monkeypatch.setenv("FT_CPU_MOE_PREFETCH_L1", "-64")
+    with pytest.raises(ValueError, match=r"FT_CPU_MOE_PREFETCH_L1=-64 must be a multiple of 64"):
+        small_executor()

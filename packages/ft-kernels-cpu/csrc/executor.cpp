@@ -1,5 +1,7 @@
 #include "executor.h"
 
+#include "kernels/stream_prefetch.h"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -50,7 +52,10 @@ struct MoeJob final : PoolJob {
   float* scratch = nullptr;
   size_t scratch_stride = 0;
 
+  int prefetch_near = 0;  // MoeExecutor::prefetch_l1_bytes, for this run's kernels (stream_prefetch.h)
+
   void run_unit(uint32_t u, int worker) override {
+    t_prefetch_near = prefetch_near;
     float* s = scratch + worker * scratch_stride;
     if (u < n1) {
       const int g = static_cast<int>(u) / nblk1;
@@ -171,6 +176,15 @@ static int default_threads() {
 // 0.85-0.89 (16 KiB: 0.85, 4 KiB: 0.85). On Zen 5 any software prefetch cost 5-10%.
 static int default_prefetch() { return cpu_is_intel() ? 8192 : 0; }
 
+// The L1 distance of the two-level prefetch (stream_prefetch.h), by vendor and pool size, as measured
+// with scripts/kernels-ab (docs/benchmarks.md, tenth session): on a 2-core Xeon, 2 threads, 1 KiB
+// (0.5 and 2 KiB the same within the noise) took the quantized formats' batch 1 from ~0.6 to 0.77-0.81
+// of the read bandwidth; on the GPU machine's 16-core Xeon, 16 threads, it cost up to 0.04.
+constexpr int kTwoLevelMaxThreads = 4;
+static int default_prefetch_l1(int threads) {
+  return cpu_is_intel() && threads <= kTwoLevelMaxThreads ? 1024 : 0;
+}
+
 static bool env_set(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0';
@@ -191,6 +205,21 @@ static int resolve_prefetch(int requested) {
   }
   if (v < 0 || v > 65536 || v % 64 != 0) {
     throw Error(std::string(what) + "=" + std::to_string(v) + " must be a multiple of 64 in [0, 65536]");
+  }
+  return static_cast<int>(v);
+}
+
+// $FT_CPU_MOE_PREFETCH_L1 (bytes, a multiple of 64 in [0, 65536]; 0: one level), else the default.
+static int resolve_prefetch_l1(int threads) {
+  const char* env = std::getenv("FT_CPU_MOE_PREFETCH_L1");
+  if (env == nullptr || *env == '\0') return default_prefetch_l1(threads);
+  char* end = nullptr;
+  const long v = std::strtol(env, &end, 10);
+  if (end == env || *end != '\0') {
+    throw Error(std::string("FT_CPU_MOE_PREFETCH_L1='") + env + "' is not an integer number of bytes in [0, 65536]");
+  }
+  if (v < 0 || v > 65536 || v % 64 != 0) {
+    throw Error("FT_CPU_MOE_PREFETCH_L1=" + std::to_string(v) + " must be a multiple of 64 in [0, 65536]");
   }
   return static_cast<int>(v);
 }
@@ -238,6 +267,7 @@ MoeExecutor::MoeExecutor(int hidden, int top_k, int max_tokens, int num_threads,
       prefetch_(resolve_prefetch(prefetch_bytes)),
       prefetch_explicit_(prefetch_bytes >= 0 || env_set("FT_CPU_MOE_PREFETCH")),
       pool_(checked_threads(num_threads)), job_(std::make_unique<MoeJob>()) {
+  prefetch_l1_ = resolve_prefetch_l1(pool_.num_threads());
   parse_unit_rows(&unit_rows1_, &unit_rows2_);
   if (hidden <= 0) throw Error("hidden must be > 0, got " + std::to_string(hidden));
   if (top_k <= 0 || top_k > kMaxTopK) {
@@ -393,6 +423,7 @@ void MoeExecutor::run_locked(const ft_moe_task& task) {
   job.I = L.params.intermediate;
   job.on_input = L.params.router_weight_on_input;
   job.rows1 = L.rows1;
+  job.prefetch_near = prefetch_l1_;
   job.prep_rows = L.prep_rows;
 
   const uint16_t* x = static_cast<const uint16_t*>(task.x);

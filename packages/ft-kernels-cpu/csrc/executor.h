@@ -53,6 +53,9 @@ class MoeExecutor {
   int num_threads() const { return pool_.num_threads(); }
   Isa isa() const { return isa_; }
   int prefetch_bytes() const { return prefetch_; }
+  // The L1 distance of the two-level prefetch (stream_prefetch.h), 0 for one level:
+  // $FT_CPU_MOE_PREFETCH_L1, else 1024 on Intel with at most 4 threads, else 0.
+  int prefetch_l1_bytes() const { return prefetch_l1_; }
   std::vector<int> layers() const;
   std::string layer_format(int layer) const;
 
@@ -73,6 +76,7 @@ class MoeExecutor {
   Isa isa_;
   int prefetch_;
   bool prefetch_explicit_;
+  int prefetch_l1_ = 0;
   int unit_rows1_ = 0, unit_rows2_ = 0;  // $FT_CPU_MOE_UNIT_ROWS overrides (0: the format's)
   WorkerPool pool_;
   std::map<int, Layer> layers_;

@@ -8,14 +8,14 @@
 // (MoeParams::prefetch; each format picks its distance, see prefetch_distance in fp8nv_common.h and
 // fp4_common.h).
 //
-// Two levels on Intel (prefetch_two_level()): the line `dist` ahead goes to L2 whatever the stream's
-// hint, and the line kNearPrefetch ahead to L1. An L1 prefetch holds one of a core's few L1 fill
-// buffers until its line arrives from DRAM, so 8 KiB of them in flight left a core that also decodes
-// streaming at the sum of its compute and memory time; L2 prefetches queue further out, and the near
-// L1 ones then wait only on L2. Measured with scripts/kernels-ab (docs/benchmarks.md, tenth session):
-// 2-core Xeon, batch 1, fp8_block 0.57 -> 0.80 of the read bandwidth, q4_0 0.60 -> 0.78, gguf 0.60 ->
-// 0.77, bf16 0.73 -> 0.94; the GPU machine's Xeon at 16 threads, bf16 0.86 -> 0.91, mxfp4 0.71 ->
-// 0.77. Elsewhere (AMD) one level with the stream's own hint, as measured on Zen 3-5.
+// Two levels (t_prefetch_near > 0): the line `dist` ahead goes to L2 whatever the stream's hint, and
+// the line t_prefetch_near ahead to L1. An L1 prefetch holds one of a core's few L1 fill buffers until
+// its line arrives from DRAM; on a 2-core Xeon, 8 KiB of them in flight left each core, which reads
+// DRAM at ~15 GB/s and also decodes, streaming at about the sum of its compute and memory time, and
+// two levels took batch 1 from 0.58 to 0.81 of the read bandwidth (fp8_block), 0.60 -> 0.77 (q4_0).
+// On the GPU machine's 16-core Xeon at 16 threads (~9 GB/s per core) they did not help and cost up
+// to 0.04. The executor picks (MoeExecutor's prefetch_l1, FT_CPU_MOE_PREFETCH_L1; docs/benchmarks.md,
+// tenth session).
 //
 // Two ways to walk a stream:
 //   StreamPrefetch        stateless, passed by const reference into the kernels: ahead(p) once per
@@ -49,16 +49,10 @@ inline void prefetch_line(const char* q) {
 #endif
 }
 
-// The near L1 distance of the two-level scheme, bytes. 1 KiB: 16 lines, about what a core's L1 fill
-// buffers hold.
-constexpr int kNearPrefetch = 1024;
-
-// True on Intel: far prefetches go to L2 and a second, near one to L1 (see the top of this file).
-// CPUID is read once (in a VM every CPUID is a VM exit).
-inline bool prefetch_two_level() {
-  static const bool intel = cpu_is_intel();
-  return intel;
-}
+// The L1 distance of the two-level scheme for the kernels this thread runs, bytes (0: one level).
+// The executor sets it for every unit it runs; only streams prefetching further ahead use it.
+inline thread_local int t_prefetch_near = 0;
+inline int near_distance(int dist) { return t_prefetch_near > 0 && dist > t_prefetch_near ? t_prefetch_near : 0; }
 
 // Bytes from the first row of a call to the end of its last: nrows rows of row_bytes, ld bytes apart.
 inline size_t rows_stream_bytes(size_t ld, int nrows, size_t row_bytes) {
@@ -76,7 +70,7 @@ struct StreamPrefetch {
   StreamPrefetch(const void* begin, size_t bytes, int d)
       : end(static_cast<const char*>(begin) + bytes),
         dist(d),
-        near(d > kNearPrefetch && prefetch_two_level() ? kNearPrefetch : 0) {
+        near(near_distance(d)) {
     if (!dist) return;
     const char* q = static_cast<const char*>(begin);
     for (const char* e = std::min(end, q + dist); q < e; q += 64) far_line<Hint>(q);
@@ -125,7 +119,7 @@ struct StreamPrefetchCursor {
         next_near(next),
         end(static_cast<const char*>(begin) + bytes),
         dist(d),
-        near(d > kNearPrefetch && prefetch_two_level() ? kNearPrefetch : 0) {}
+        near(near_distance(d)) {}
   // Reading at `p`: requests every line not requested yet up to p + dist (two-level: into L2, and
   // those up to p + near into L1), within the stream.
   void advance(const void* p) {

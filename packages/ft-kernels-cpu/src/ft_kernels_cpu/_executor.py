@@ -65,6 +65,9 @@ class MoeExecutor:
         prefetch_bytes: software prefetch distance of the weight streams (a multiple of 64 in
             [0, 65536], 0 = hardware prefetch only); None uses ``$FT_CPU_MOE_PREFETCH``, else 8192
             on Intel and 0 elsewhere.
+            With ``$FT_CPU_MOE_PREFETCH_L1`` (bytes, a multiple of 64 in [0, 65536]) the far lines go
+            to L2 and a second prefetch that many bytes ahead to L1; the default is 1024 on Intel
+            with at most 4 threads, else 0 (one level); see ``prefetch_l1_bytes``.
 
     Threading: ``run`` releases the GIL and blocks; concurrent runs on one executor are serialised.
     """
@@ -95,6 +98,10 @@ class MoeExecutor:
     num_threads = property(lambda self: self._native.num_threads, doc="worker threads, the caller included")
     isa = property(lambda self: self._native.isa, doc="ISA tier the kernels run")
     prefetch_bytes = property(lambda self: self._native.prefetch_bytes, doc="software prefetch distance")
+    prefetch_l1_bytes = property(
+        lambda self: self._native.prefetch_l1_bytes,
+        doc="L1 distance of the two-level prefetch (0: one level; $FT_CPU_MOE_PREFETCH_L1)",
+    )
 
     @property
     def layers(self) -> list[int]:
