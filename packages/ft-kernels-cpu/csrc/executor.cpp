@@ -177,9 +177,12 @@ static int default_threads() {
 static int default_prefetch() { return cpu_is_intel() ? 8192 : 0; }
 
 // The L1 distance of the two-level prefetch (stream_prefetch.h), by vendor and pool size, as measured
-// with scripts/kernels-ab (docs/benchmarks.md, tenth session): on a 2-core Xeon, 2 threads, 1 KiB
-// (0.5 and 2 KiB the same within the noise) took the quantized formats' batch 1 from ~0.6 to 0.77-0.81
-// of the read bandwidth; on the GPU machine's 16-core Xeon, 16 threads, it cost up to 0.04.
+// with the bench (docs/benchmarks.md, tenth session). 2-core Xeon, 2 threads: 1 KiB (0.5 and 2 KiB the
+// same within the noise) took the quantized formats' batch 1 from ~0.6 to 0.77-0.81 of the read
+// bandwidth and bf16 from 0.87 to 0.95. The GPU machine's 16-core Xeon: at 2 threads bf16 and
+// fp8_block gained 0.03-0.05 and q4_0 / gguf stayed within the noise; at 8 threads bf16 gained 0.1
+// while q4_0, gguf and fp8_block lost 0.02-0.05; at 16 threads bf16 stayed and the quantized formats
+// lost 0.01-0.05. So two levels for pools of up to 4 threads, one above.
 constexpr int kTwoLevelMaxThreads = 4;
 static int default_prefetch_l1(int threads) {
   return cpu_is_intel() && threads <= kTwoLevelMaxThreads ? 1024 : 0;

@@ -10,12 +10,12 @@
 //
 // Two levels (t_prefetch_near > 0): the line `dist` ahead goes to L2 whatever the stream's hint, and
 // the line t_prefetch_near ahead to L1. An L1 prefetch holds one of a core's few L1 fill buffers until
-// its line arrives from DRAM; on a 2-core Xeon, 8 KiB of them in flight left each core, which reads
-// DRAM at ~15 GB/s and also decodes, streaming at about the sum of its compute and memory time, and
-// two levels took batch 1 from 0.58 to 0.81 of the read bandwidth (fp8_block), 0.60 -> 0.77 (q4_0).
-// On the GPU machine's 16-core Xeon at 16 threads (~9 GB/s per core) they did not help and cost up
-// to 0.04. The executor picks (MoeExecutor's prefetch_l1, FT_CPU_MOE_PREFETCH_L1; docs/benchmarks.md,
-// tenth session).
+// its line arrives from DRAM; on a 2-core Xeon whose cores each read DRAM at ~15 GB/s, 8 KiB of them
+// in flight left a core that also decodes streaming at about the sum of its compute and memory time,
+// and two levels took batch 1 from ~0.6 to 0.77-0.81 of the read bandwidth (fp8_block, q4_0, gguf).
+// On the GPU machine's 16-core Xeon they helped at 2 threads, and at 8 and 16 threads cost the
+// quantized formats up to 0.05. The executor picks (FT_CPU_MOE_PREFETCH_L1, MoeExecutor's
+// prefetch_l1_bytes; docs/benchmarks.md, tenth session).
 //
 // Two ways to walk a stream:
 //   StreamPrefetch        stateless, passed by const reference into the kernels: ahead(p) once per
