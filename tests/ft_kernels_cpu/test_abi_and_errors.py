@@ -249,6 +249,20 @@ def test_run_errors() -> None:
         ex.run_ptr(0, 9, x.ctypes.data, ids.ctypes.data, w.ctypes.data, x.ctypes.data)
 
 
+def _check_prefetch_env_errors(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """A prefetch distance variable that is not a whole multiple of 64 in [0, 65536] is refused."""
+    for value, message in (
+        ("lots", rf"{name}='lots' is not an integer"),
+        ("100", rf"{name}=100 must be a multiple of 64 in \[0, 65536\]"),
+        ("-64", rf"{name}=-64 must be a multiple of 64"),
+        ("65600", rf"{name}=65600 must be a multiple of 64 in \[0, 65536\]"),
+    ):
+        monkeypatch.setenv(name, value)
+        with pytest.raises(ValueError, match=message):
+            small_executor()
+    monkeypatch.delenv(name)
+
+
 def test_prefetch_distance_never_changes_results(monkeypatch: pytest.MonkeyPatch) -> None:
     x, ids, w = task()
     runs = [small_executor(prefetch_bytes=pf).run(0, x, ids, w) for pf in (0, 64, 8192)]
@@ -258,12 +272,7 @@ def test_prefetch_distance_never_changes_results(monkeypatch: pytest.MonkeyPatch
         np.testing.assert_array_equal(o, outs[0])
     monkeypatch.setenv("FT_CPU_MOE_PREFETCH", "4096")
     assert small_executor().prefetch_bytes == 4096
-    monkeypatch.setenv("FT_CPU_MOE_PREFETCH", "lots")
-    with pytest.raises(ValueError, match=r"FT_CPU_MOE_PREFETCH='lots' is not an integer"):
-        small_executor()
-    monkeypatch.setenv("FT_CPU_MOE_PREFETCH", "100")
-    with pytest.raises(ValueError, match=r"FT_CPU_MOE_PREFETCH=100 must be a multiple of 64 in \[0, 65536\]"):
-        small_executor()
+    _check_prefetch_env_errors(monkeypatch, "FT_CPU_MOE_PREFETCH")
     with pytest.raises(ValueError, match=r"prefetch_bytes must be \[0, 65536\], got 70000"):
         small_executor(prefetch_bytes=70000)
 
@@ -295,12 +304,4 @@ def test_two_level_prefetch_default_and_errors(monkeypatch: pytest.MonkeyPatch) 
     # Two levels only on Intel pools of up to 4 threads (docs/benchmarks.md, tenth session).
     for threads, expected in ((1, 1024), (4, 1024), (5, 0), (16, 0)):
         assert small_executor(num_threads=threads).prefetch_l1_bytes == (expected if intel else 0), threads
-    monkeypatch.setenv("FT_CPU_MOE_PREFETCH_L1", "near")
-    with pytest.raises(ValueError, match=r"FT_CPU_MOE_PREFETCH_L1='near' is not an integer"):
-        small_executor()
-    monkeypatch.setenv("FT_CPU_MOE_PREFETCH_L1", "1000")
-    with pytest.raises(ValueError, match=r"FT_CPU_MOE_PREFETCH_L1=1000 must be a multiple of 64 in \[0, 65536\]"):
-        small_executor()
-    monkeypatch.setenv("FT_CPU_MOE_PREFETCH_L1", "-64")
-    with pytest.raises(ValueError, match=r"FT_CPU_MOE_PREFETCH_L1=-64 must be a multiple of 64"):
-        small_executor()
+    _check_prefetch_env_errors(monkeypatch, "FT_CPU_MOE_PREFETCH_L1")

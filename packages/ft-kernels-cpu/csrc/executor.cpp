@@ -193,38 +193,35 @@ static bool env_set(const char* name) {
   return v != nullptr && *v != '\0';
 }
 
-static int resolve_prefetch(int requested) {
-  const char* what = "prefetch_bytes";
-  long v = requested;
-  if (requested < 0) {
-    const char* env = std::getenv("FT_CPU_MOE_PREFETCH");
-    if (env == nullptr || *env == '\0') return default_prefetch();
-    what = "FT_CPU_MOE_PREFETCH";
-    char* end = nullptr;
-    v = std::strtol(env, &end, 10);
-    if (end == env || *end != '\0') {
-      throw Error(std::string(what) + "='" + env + "' is not an integer number of bytes in [0, 65536]");
-    }
-  }
+// A prefetch distance in bytes: a multiple of 64 in [0, 65536]. `what` names its source in errors.
+static int checked_prefetch(const char* what, long v) {
   if (v < 0 || v > 65536 || v % 64 != 0) {
     throw Error(std::string(what) + "=" + std::to_string(v) + " must be a multiple of 64 in [0, 65536]");
   }
   return static_cast<int>(v);
 }
 
-// $FT_CPU_MOE_PREFETCH_L1 (bytes, a multiple of 64 in [0, 65536]; 0: one level), else the default.
-static int resolve_prefetch_l1(int threads) {
-  const char* env = std::getenv("FT_CPU_MOE_PREFETCH_L1");
-  if (env == nullptr || *env == '\0') return default_prefetch_l1(threads);
+// The distance in the environment variable `name`, or `fallback` when it is unset or empty.
+static int env_prefetch(const char* name, int fallback) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return fallback;
   char* end = nullptr;
   const long v = std::strtol(env, &end, 10);
   if (end == env || *end != '\0') {
-    throw Error(std::string("FT_CPU_MOE_PREFETCH_L1='") + env + "' is not an integer number of bytes in [0, 65536]");
+    throw Error(std::string(name) + "='" + env + "' is not an integer number of bytes in [0, 65536]");
   }
-  if (v < 0 || v > 65536 || v % 64 != 0) {
-    throw Error("FT_CPU_MOE_PREFETCH_L1=" + std::to_string(v) + " must be a multiple of 64 in [0, 65536]");
-  }
-  return static_cast<int>(v);
+  return checked_prefetch(name, v);
+}
+
+// prefetch_bytes, else $FT_CPU_MOE_PREFETCH, else the vendor default.
+static int resolve_prefetch(int requested) {
+  if (requested >= 0) return checked_prefetch("prefetch_bytes", requested);
+  return env_prefetch("FT_CPU_MOE_PREFETCH", default_prefetch());
+}
+
+// $FT_CPU_MOE_PREFETCH_L1 (0: one level), else the default for the pool's threads.
+static int resolve_prefetch_l1(int threads) {
+  return env_prefetch("FT_CPU_MOE_PREFETCH_L1", default_prefetch_l1(threads));
 }
 
 // $FT_CPU_MOE_UNIT_ROWS="P1,P2": rows per pass-1 / pass-2 unit for every layer instead of the
