@@ -298,10 +298,39 @@ def test_two_level_prefetch_never_changes_results(monkeypatch: pytest.MonkeyPatc
         np.testing.assert_array_equal(o, outs[0])
 
 
+def _add_q4_0_layer(ex: fk.MoeExecutor, layer: int) -> None:
+    rng = np.random.default_rng(2)
+    ex.add_layer(
+        layer,
+        "q4_0",
+        num_experts=E,
+        intermediate=I,
+        banks={
+            "w13": rng.integers(0, 256, (E, 2 * I, H // 32 * 18), dtype=np.uint8),
+            "w2": rng.integers(0, 256, (E, H, I // 32 * 18), dtype=np.uint8),
+        },
+    )
+
+
 def test_two_level_prefetch_default_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FT_CPU_MOE_PREFETCH_L1", raising=False)
     intel = _cpu_is_intel()
-    # Two levels only on Intel pools of up to 4 threads (docs/benchmarks.md, tenth session).
+    # Two levels on Intel: for pools of up to 4 threads, and for bf16 layers at any pool size
+    # (docs/benchmarks.md, tenth session); one level elsewhere.
     for threads, expected in ((1, 1024), (4, 1024), (5, 0), (16, 0)):
-        assert small_executor(num_threads=threads).prefetch_l1_bytes == (expected if intel else 0), threads
+        ex = small_executor(num_threads=threads)  # layer 0: bf16
+        _add_q4_0_layer(ex, 1)
+        assert ex.prefetch_l1_bytes == (expected if intel else 0), threads
+        assert ex.layer_prefetch_l1_bytes(1) == (expected if intel else 0), threads
+        assert ex.layer_prefetch_l1_bytes(0) == (1024 if intel else 0), threads
+    # The variable applies to every layer, bf16 included.
+    monkeypatch.setenv("FT_CPU_MOE_PREFETCH_L1", "0")
+    assert small_executor(num_threads=16).layer_prefetch_l1_bytes(0) == 0
+    monkeypatch.setenv("FT_CPU_MOE_PREFETCH_L1", "2048")
+    ex = small_executor(num_threads=2)
+    _add_q4_0_layer(ex, 1)
+    assert (ex.layer_prefetch_l1_bytes(0), ex.layer_prefetch_l1_bytes(1)) == (2048, 2048)
+    with pytest.raises(ValueError, match=r"layer 7 has not been added"):
+        ex.layer_prefetch_l1_bytes(7)
+    monkeypatch.delenv("FT_CPU_MOE_PREFETCH_L1")
     _check_prefetch_env_errors(monkeypatch, "FT_CPU_MOE_PREFETCH_L1")

@@ -182,10 +182,11 @@ static int default_prefetch() { return cpu_is_intel() ? 8192 : 0; }
 // bandwidth and bf16 from 0.87 to 0.95. The GPU machine's 16-core Xeon: at 2 threads bf16 and
 // fp8_block gained 0.03-0.05 and q4_0 / gguf stayed within the noise; at 8 threads bf16 gained 0.1
 // while q4_0, gguf and fp8_block lost 0.02-0.05; at 16 threads bf16 stayed and the quantized formats
-// lost 0.01-0.05. So two levels for pools of up to 4 threads, one above.
+// lost 0.01-0.05. So two levels for pools of up to 4 threads, one above, except for formats that ask
+// for them at any pool size (bf16: 0.87 -> 0.93 at 15 threads, 0.89 -> 0.91 at 16).
 constexpr int kTwoLevelMaxThreads = 4;
-static int default_prefetch_l1(int threads) {
-  return cpu_is_intel() && threads <= kTwoLevelMaxThreads ? 1024 : 0;
+static int default_prefetch_l1(int threads, bool any_pool) {
+  return cpu_is_intel() && (any_pool || threads <= kTwoLevelMaxThreads) ? 1024 : 0;
 }
 
 static bool env_set(const char* name) {
@@ -221,7 +222,7 @@ static int resolve_prefetch(int requested) {
 
 // $FT_CPU_MOE_PREFETCH_L1 (0: one level), else the default for the pool's threads.
 static int resolve_prefetch_l1(int threads) {
-  return env_prefetch("FT_CPU_MOE_PREFETCH_L1", default_prefetch_l1(threads));
+  return env_prefetch("FT_CPU_MOE_PREFETCH_L1", default_prefetch_l1(threads, false));
 }
 
 // $FT_CPU_MOE_UNIT_ROWS="P1,P2": rows per pass-1 / pass-2 unit for every layer instead of the
@@ -268,6 +269,7 @@ MoeExecutor::MoeExecutor(int hidden, int top_k, int max_tokens, int num_threads,
       prefetch_explicit_(prefetch_bytes >= 0 || env_set("FT_CPU_MOE_PREFETCH")),
       pool_(checked_threads(num_threads)), job_(std::make_unique<MoeJob>()) {
   prefetch_l1_ = resolve_prefetch_l1(pool_.num_threads());
+  prefetch_l1_explicit_ = env_set("FT_CPU_MOE_PREFETCH_L1");
   parse_unit_rows(&unit_rows1_, &unit_rows2_);
   if (hidden <= 0) throw Error("hidden must be > 0, got " + std::to_string(hidden));
   if (top_k <= 0 || top_k > kMaxTopK) {
@@ -338,6 +340,9 @@ void MoeExecutor::add_layer(int layer, const std::string& format, int num_expert
   L.rows2 = rows2;
   L.rows2_fixed = unit_rows2_ != 0;
   L.prep_rows = prep_rows;
+  L.prefetch_l1 = prefetch_l1_explicit_
+                      ? prefetch_l1_
+                      : default_prefetch_l1(pool_.num_threads(), L.fmt->two_level_prefetch_any_pool());
 
   // Grow scratch to cover this layer.
   const size_t routes = static_cast<size_t>(max_tokens_) * top_k_;
@@ -358,11 +363,15 @@ std::vector<int> MoeExecutor::layers() const {
   return out;
 }
 
-std::string MoeExecutor::layer_format(int layer) const {
+const MoeExecutor::Layer& MoeExecutor::layer_at(int layer) const {
   auto it = layers_.find(layer);
   if (it == layers_.end()) throw Error("layer " + std::to_string(layer) + " has not been added");
-  return it->second.format_name;
+  return it->second;
 }
+
+std::string MoeExecutor::layer_format(int layer) const { return layer_at(layer).format_name; }
+
+int MoeExecutor::layer_prefetch_l1_bytes(int layer) const { return layer_at(layer).prefetch_l1; }
 
 void MoeExecutor::run(const ft_moe_task& task) {
   std::lock_guard<std::mutex> lock(run_mutex_);
@@ -423,7 +432,7 @@ void MoeExecutor::run_locked(const ft_moe_task& task) {
   job.I = L.params.intermediate;
   job.on_input = L.params.router_weight_on_input;
   job.rows1 = L.rows1;
-  job.prefetch_near = prefetch_l1_;
+  job.prefetch_near = L.prefetch_l1;
   job.prep_rows = L.prep_rows;
 
   const uint16_t* x = static_cast<const uint16_t*>(task.x);

@@ -54,8 +54,11 @@ class MoeExecutor {
   Isa isa() const { return isa_; }
   int prefetch_bytes() const { return prefetch_; }
   // The L1 distance of the two-level prefetch (stream_prefetch.h), 0 for one level:
-  // $FT_CPU_MOE_PREFETCH_L1, else 1024 on Intel with at most 4 threads, else 0.
+  // $FT_CPU_MOE_PREFETCH_L1, else 1024 on Intel with at most 4 threads, else 0. A layer whose format
+  // asks for two levels at any pool size takes 1024 on Intel unless the variable is set
+  // (layer_prefetch_l1_bytes).
   int prefetch_l1_bytes() const { return prefetch_l1_; }
+  int layer_prefetch_l1_bytes(int layer) const;
   std::vector<int> layers() const;
   std::string layer_format(int layer) const;
 
@@ -67,16 +70,19 @@ class MoeExecutor {
     // pass-1 unit rows, the least pass-2 unit rows (exact when rows2_fixed), prep_inter block rows
     int rows1 = 16, rows2 = 16, prep_rows = 16;
     bool rows2_fixed = false;
+    int prefetch_l1 = 0;  // the L1 distance of the two-level prefetch for this layer's kernels
   };
 
  private:
   void run_locked(const ft_moe_task& task);
+  const Layer& layer_at(int layer) const;  // throws for a layer not added
 
   int hidden_, top_k_, max_tokens_;
   Isa isa_;
   int prefetch_;
   bool prefetch_explicit_;
   int prefetch_l1_ = 0;
+  bool prefetch_l1_explicit_ = false;  // $FT_CPU_MOE_PREFETCH_L1 set
   int unit_rows1_ = 0, unit_rows2_ = 0;  // $FT_CPU_MOE_UNIT_ROWS overrides (0: the format's)
   WorkerPool pool_;
   std::map<int, Layer> layers_;

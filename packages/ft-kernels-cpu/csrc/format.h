@@ -93,6 +93,9 @@ class MoeFormat {
   // block is done, so pass-1 units can be smaller than a format's prepared groups (more units, better
   // balance across cores).
   virtual int prep_rows() const { return pass1_rows(); }
+  // True for a format whose rows gain from the two-level prefetch (stream_prefetch.h) on Intel at any
+  // pool size; the others take it in pools of up to 4 threads only (MoeExecutor, docs/benchmarks.md).
+  virtual bool two_level_prefetch_any_pool() const { return false; }
 
   // Once per task, on the calling thread, before pass 1.
   virtual void prep_input(const TaskInput& /*in*/) {}

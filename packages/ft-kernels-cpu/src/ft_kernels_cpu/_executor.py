@@ -67,7 +67,8 @@ class MoeExecutor:
             on Intel and 0 elsewhere.
             With ``$FT_CPU_MOE_PREFETCH_L1`` (bytes, a multiple of 64 in [0, 65536]) the far lines go
             to L2 and a second prefetch that many bytes ahead to L1; the default is 1024 on Intel
-            with at most 4 threads, else 0 (one level); see ``prefetch_l1_bytes``.
+            with at most 4 threads, else 0 (one level); see ``prefetch_l1_bytes`` and
+            ``layer_prefetch_l1_bytes`` (bf16 layers take two levels on Intel at any pool size).
 
     Threading: ``run`` releases the GIL and blocks; concurrent runs on one executor are serialised.
     """
@@ -109,6 +110,14 @@ class MoeExecutor:
 
     def layer_format(self, layer: int) -> str:
         return self._native.layer_format(layer)
+
+    def layer_prefetch_l1_bytes(self, layer: int) -> int:
+        """L1 distance of the two-level prefetch for ``layer``'s kernels (0: one level).
+
+        ``prefetch_l1_bytes``, except that a format measured to gain from two levels at any pool size
+        (bf16) takes 1024 on Intel unless ``$FT_CPU_MOE_PREFETCH_L1`` is set.
+        """
+        return self._native.layer_prefetch_l1_bytes(_check_int("layer", layer, 0))
 
     def add_layer(
         self,

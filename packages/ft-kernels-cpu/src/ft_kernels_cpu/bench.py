@@ -217,7 +217,7 @@ def bench_format(
         "pool_mib": round(pool * expert_bytes / 2**20, 2),
         "isa": ex.isa,
         "prefetch": ex.prefetch_bytes,
-        "prefetch_l1": ex.prefetch_l1_bytes,
+        "prefetch_l1": ex.layer_prefetch_l1_bytes(0),
         "gbs": round(gbs, 2),
         "read_gbs": round(read_gbs, 2),
         "ratio": round(statistics.median(r[2] for r in rows), 4),
