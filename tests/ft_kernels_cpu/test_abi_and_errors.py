@@ -286,29 +286,39 @@ def _cpu_is_intel() -> bool:
 
 def test_two_level_prefetch_never_changes_results(monkeypatch: pytest.MonkeyPatch) -> None:
     # The L1 distance of the two-level prefetch: outputs bit-identical with one level, with the
-    # default near distance and with one as far as the stream's own distance (near unused).
+    # default near distance and with one as far as the stream's own distance (near unused), through
+    # StreamPrefetch (bf16, layer 0) and StreamPrefetchCursor (q4_0's ggml blocks, layer 1).
     x, ids, w = task()
     outs = []
     for near in ("0", "64", "1024", "8192"):
         monkeypatch.setenv("FT_CPU_MOE_PREFETCH_L1", near)
         ex = small_executor(prefetch_bytes=8192, num_threads=2)
-        assert ex.prefetch_l1_bytes == int(near)
-        outs.append(ex.run(0, x, ids, w).view(np.uint16))
+        _add_q4_0_layer(ex, 1)
+        assert ex.prefetch_l1_bytes == ex.layer_prefetch_l1_bytes(1) == int(near)
+        outs.append([ex.run(layer, x, ids, w).view(np.uint16) for layer in (0, 1)])
     for o in outs[1:]:
-        np.testing.assert_array_equal(o, outs[0])
+        for layer in (0, 1):
+            np.testing.assert_array_equal(o[layer], outs[0][layer])
+    assert all(np.isfinite(y.view(BF16).astype(np.float32)).all() for y in outs[0])
 
 
 def _add_q4_0_layer(ex: fk.MoeExecutor, layer: int) -> None:
+    # Random codes with finite fp16 scales of magnitude [2^-7, 2^-6) in each 18-byte block.
     rng = np.random.default_rng(2)
+
+    def rows(*shape: int) -> np.ndarray:
+        b = rng.integers(0, 256, (*shape, 18), dtype=np.uint8)
+        b[..., :2] = (rng.integers(0, 1 << 10, shape, dtype=np.uint16) | np.uint16(0x2000)).view(np.uint8).reshape(
+            *shape, 2
+        )
+        return b.reshape(*shape[:-1], shape[-1] * 18)
+
     ex.add_layer(
         layer,
         "q4_0",
         num_experts=E,
         intermediate=I,
-        banks={
-            "w13": rng.integers(0, 256, (E, 2 * I, H // 32 * 18), dtype=np.uint8),
-            "w2": rng.integers(0, 256, (E, H, I // 32 * 18), dtype=np.uint8),
-        },
+        banks={"w13": rows(E, 2 * I, H // 32), "w2": rows(E, H, I // 32)},
     )
 
 

@@ -266,8 +266,9 @@ class Bf16Format final : public MoeFormat {
   }
 
   int pass2_rows() const override { return kMaxPass2Rows; }
-  // Measured on the GPU machine's 16-core Xeon, batch 1: 0.82 -> 0.88 of the read bandwidth at 8
-  // threads, 0.87 -> 0.93 at 15, 0.89 -> 0.91 at 16 (medians; docs/benchmarks.md, tenth session).
+  // Measured on the GPU machine's 16-core Xeon, batch 1, one level -> two: 0.79 -> 0.89 of the read
+  // bandwidth at 8 threads (2 rounds), 0.87 -> 0.93 at 15 and 0.89 -> 0.91 at 16 (medians of 3;
+  // docs/benchmarks.md, tenth session).
   bool two_level_prefetch_any_pool() const override { return true; }
 
  private:

@@ -14,8 +14,9 @@
 // in flight left a core that also decodes streaming at about the sum of its compute and memory time,
 // and two levels took batch 1 from ~0.6 to 0.77-0.81 of the read bandwidth (fp8_block, q4_0, gguf).
 // On the GPU machine's 16-core Xeon they helped at 2 threads, and at 8 and 16 threads cost the
-// quantized formats up to 0.05. The executor picks (FT_CPU_MOE_PREFETCH_L1, MoeExecutor's
-// prefetch_l1_bytes; docs/benchmarks.md, tenth session).
+// quantized formats up to 0.05 while bf16 gained. The executor picks per layer
+// (FT_CPU_MOE_PREFETCH_L1, MoeFormat::two_level_prefetch_any_pool, MoeExecutor's
+// layer_prefetch_l1_bytes; docs/benchmarks.md, tenth session).
 //
 // Two ways to walk a stream:
 //   StreamPrefetch        stateless, passed by const reference into the kernels: ahead(p) once per
