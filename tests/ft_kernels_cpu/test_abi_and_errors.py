@@ -308,9 +308,8 @@ def _add_q4_0_layer(ex: fk.MoeExecutor, layer: int) -> None:
 
     def rows(*shape: int) -> np.ndarray:
         b = rng.integers(0, 256, (*shape, 18), dtype=np.uint8)
-        b[..., :2] = (rng.integers(0, 1 << 10, shape, dtype=np.uint16) | np.uint16(0x2000)).view(np.uint8).reshape(
-            *shape, 2
-        )
+        scales = rng.integers(0, 1 << 10, shape, dtype=np.uint16) | np.uint16(0x2000)
+        b[..., :2] = scales.view(np.uint8).reshape(*shape, 2)
         return b.reshape(*shape[:-1], shape[-1] * 18)
 
     ex.add_layer(
