@@ -22,9 +22,11 @@
 #if FT_X86
 #define FT_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define FT_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
-// The top tier: AVX512-BF16 (VDPBF16PS) and AVX512-VNNI (VPDPBUSD, for int8-activation paths).
+// The top tier: AVX512-BF16 (VDPBF16PS), AVX512-VNNI (VPDPBUSD, for int8-activation paths),
+// AVX512-VBMI (VPERMB: nibble lookups without masking) and GFNI (GF2P8AFFINEQB: the high nibbles of
+// bytes in one instruction).
 #define FT_TARGET_AVX512_BF16 \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,fma")))
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,avx512vbmi,gfni,fma")))
 #endif
 
 namespace ft {

@@ -49,15 +49,17 @@ Isa cpu_best_isa() {
   const bool avx2 = b & (1u << 5);
   const bool avx512f = b & (1u << 16), avx512dq = b & (1u << 17), avx512bw = b & (1u << 30),
              avx512vl = b & (1u << 31);
-  const bool avx512vnni = c & (1u << 11);
+  const bool avx512vnni = c & (1u << 11), avx512vbmi = c & (1u << 1), gfni = c & (1u << 8);
   unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;
   __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
   const bool avx512bf16 = a1 & (1u << 5);
 
   if (!(ymm_state && avx2 && fma && f16c)) return Isa::scalar;
   if (!(zmm_state && avx512f && avx512dq && avx512bw && avx512vl)) return Isa::avx2;
-  // The top tier may use both AVX512-BF16 and AVX512-VNNI (every CPU with the first has the second).
-  if (!(avx512bf16 && avx512vnni)) return Isa::avx512;
+  // The top tier may use AVX512-BF16, AVX512-VNNI, AVX512-VBMI and GFNI: every CPU with the first
+  // has the second; Sapphire Rapids and later and Zen 4 and later have all four, Cooper Lake (BF16
+  // without VBMI or GFNI) runs the avx512 tier.
+  if (!(avx512bf16 && avx512vnni && avx512vbmi && gfni)) return Isa::avx512;
   return Isa::avx512_bf16;
 #else
   return Isa::scalar;

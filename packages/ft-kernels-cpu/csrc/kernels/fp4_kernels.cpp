@@ -354,31 +354,42 @@ FT_TARGET_AVX512_BF16 void dot_rows_multi_bf16(const uint8_t* W, const uint8_t* 
 
 // ---- int8 activations (q8_*, fp4_common.h): VPDPBUSD against a byte table of the codes ----
 //
-// A 4-block step of weights is one 64-byte load; VPSHUFB looks both nibbles of every byte up in the
+// A 4-block step of weights is one 64-byte load; VPERMB looks both nibbles of every byte up in the
 // table 12 + 2 * e2m1 (0..24, unsigned), so the low-nibble vector holds the step's even elements and
 // the high-nibble one its odd elements, lane m (4 bytes) of both in block m / 4. x's record of the
-// step holds its codes in that order, and the lanes start from -12 * (sum of their x codes).
+// step holds its codes in that order, and the lanes start from -12 * (sum of their x codes). Per
+// step and vector: 2 VPDPBUSD, a conversion, a VPERMPS (the blocks' scales times dx, multiplied 16
+// blocks at a time) and an FMA; with the lookups and a shift about 8 operations per 64 bytes.
 
 FT_TARGET_AVX512_BF16 inline __m512i e2m1_u8_table() {
   return _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
 }
 
-// One step (4 blocks at w, `blocks` of them left in the row) against the vectors' records of step u4.
+// One step (4 blocks at w, `blocks` of them left in the row) against the vectors' records at xo; ws[j]:
+// lane m the scale of block m / 4 of the step times vector j's dx.
 template <int NV>
-FT_TARGET_AVX512_BF16 inline void step_q8(const uint8_t* w, int blocks, __m512 ws, const uint8_t* const* xs,
+FT_TARGET_AVX512_BF16 inline void step_q8(const uint8_t* w, int blocks, const __m512* ws, const uint8_t* const* xs,
                                           size_t xo, __m512i lut, __m512* acc) {
-  const __m512i m = _mm512_set1_epi8(15);
   const __m512i wv = load_blocks(w, blocks);
-  const __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(wv, m));
-  const __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(wv, 4), m));
+  // VPERMB reads the low 6 bits of each byte and the table repeats every 16: no masking.
+  const __m512i lo = _mm512_permutexvar_epi8(wv, lut);
+  const __m512i hi = _mm512_permutexvar_epi8(_mm512_srli_epi16(wv, 4), lut);
   for (int j = 0; j < NV; ++j) {
     const uint8_t* x = xs[j] + xo;
     const __m512i i = _mm512_dpbusd_epi32(
         _mm512_dpbusd_epi32(_mm512_loadu_si512(x + 128), lo, _mm512_loadu_si512(x)), hi, _mm512_loadu_si512(x + 64));
-    float dx;
-    std::memcpy(&dx, x + 192, sizeof dx);
-    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(ws, _mm512_set1_ps(dx)), acc[j]);
+    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), ws[j], acc[j]);
   }
+}
+
+// Blocks b .. b + 15 (a group of 4 steps; fewer at the row's end): their e8m0 scales times each
+// vector's dx lanes.
+template <int NV>
+FT_TARGET_AVX512_BF16 inline void q8_group_scales(const uint8_t* s, int b, int nb, const uint8_t* const* xs,
+                                                  __m512* sx) {
+  const __m512 sf = e8m0x16(s + b, std::min(16, nb - b));
+  const size_t dxo = static_cast<size_t>(b / 16) * kQ8GroupBytes + 4 * kQ8StepBytes;
+  for (int j = 0; j < NV; ++j) sx[j] = _mm512_mul_ps(sf, _mm512_loadu_ps(xs[j] + dxo));
 }
 
 template <int NV>
@@ -394,9 +405,11 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8(const uint8_t* W, const uint8_t* S, int n
     // two chains per vector (the FMA latency), steps alternating
     __m512 a0[NV], a1[NV];
     for (int j = 0; j < NV; ++j) a0[j] = a1[j] = _mm512_setzero_ps();
+    __m512 sx[NV], ws[NV];
     int b = 0;
     for (; b + 16 <= nb; b += 16) {
-      const __m512 sf = e8m0x16(s + b, 16);
+      q8_group_scales<NV>(s, b, nb, xs, sx);
+      const size_t xo = static_cast<size_t>(b / 16) * kQ8GroupBytes;
 #pragma GCC unroll 2
       for (int u = 0; u < 4; u += 2) {
         const uint8_t* wp = w + 16 * (b + 4 * u);
@@ -404,18 +417,19 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8(const uint8_t* W, const uint8_t* S, int n
           pf.w.ahead(wp);
           pf.w.ahead(wp + 64);
         }
-        const size_t xo = static_cast<size_t>(b / 4 + u) * kQ8StepBytes;
-        step_q8<NV>(wp, 4, _mm512_permutexvar_ps(idx[u], sf), xs, xo, lut, a0);
-        step_q8<NV>(wp + 64, 4, _mm512_permutexvar_ps(idx[u + 1], sf), xs, xo + kQ8StepBytes, lut, a1);
+        for (int j = 0; j < NV; ++j) ws[j] = _mm512_permutexvar_ps(idx[u], sx[j]);
+        step_q8<NV>(wp, 4, ws, xs, xo + u * kQ8StepBytes, lut, a0);
+        for (int j = 0; j < NV; ++j) ws[j] = _mm512_permutexvar_ps(idx[u + 1], sx[j]);
+        step_q8<NV>(wp + 64, 4, ws, xs, xo + (u + 1) * kQ8StepBytes, lut, a1);
       }
     }
     if (b < nb) {
-      const __m512 sf = e8m0x16(s + b, nb - b);
+      q8_group_scales<NV>(s, b, nb, xs, sx);
       for (int u = 0; b + 4 * u < nb; ++u) {
         const int bu = b + 4 * u;
         if (pf.w.dist) pf.w.ahead(w + 16 * bu);
-        step_q8<NV>(w + 16 * bu, nb - bu, _mm512_permutexvar_ps(idx[u], sf), xs,
-                    static_cast<size_t>(bu / 4) * kQ8StepBytes, lut, a0);
+        for (int j = 0; j < NV; ++j) ws[j] = _mm512_permutexvar_ps(idx[u], sx[j]);
+        step_q8<NV>(w + 16 * bu, nb - bu, ws, xs, q8_step_offset(bu / 4), lut, a0);
       }
     }
     for (int j = 0; j < NV; ++j) out[j * os + r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[j], a1[j]));
@@ -627,7 +641,19 @@ void dot_rows_multi(Isa isa, const uint8_t* W, const uint8_t* S, int nrows, cons
   }
 }
 
-size_t q8_vec_bytes(int K) { return static_cast<size_t>((K + 127) / 128) * kQ8StepBytes; }
+size_t q8_vec_bytes(int K) { return static_cast<size_t>((K + 511) / 512) * kQ8GroupBytes; }
+
+namespace {
+// Step s's dx / 2 into its 4 lanes of the group's dx vector; the step that ends the vector (of
+// `steps`) zeroes the lanes of the group's missing steps.
+inline void q8_store_dx(uint8_t* out, size_t s, size_t steps, float dx2) {
+  float* lanes = reinterpret_cast<float*>(out + s / 4 * kQ8GroupBytes + 4 * kQ8StepBytes);
+  for (size_t l = 4 * (s % 4); l < 4 * (s % 4) + 4; ++l) lanes[l] = dx2;
+  if (s + 1 == steps) {
+    for (size_t l = 4 * (s % 4) + 4; l < 16; ++l) lanes[l] = 0.f;
+  }
+}
+}  // namespace
 
 #if FT_X86
 namespace {
@@ -636,8 +662,9 @@ namespace {
 // clamped to 127), the even and odd codes split by VPMOVWB, the offsets by VPDPBUSD of ones. Serial
 // on the calling thread before every run: the scalar split and sums were ~3 us of a decode step on
 // the GPU machine's Xeon (~40 us at batch 8).
-FT_TARGET_AVX512_BF16 void q8_prep_vec_avx512(const float* v, int i0, int i1, void* out) {
+FT_TARGET_AVX512_BF16 void q8_prep_vec_avx512(const float* v, int i0, int i1, int K, void* out) {
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  const size_t steps = (static_cast<size_t>(K) + 127) / 128;
   for (int g = i0; g < i1; g += 128) {
     const int n = std::min(128, i1 - g);
     __m512 x[8];
@@ -655,7 +682,8 @@ FT_TARGET_AVX512_BF16 void q8_prep_vec_avx512(const float* v, int i0, int i1, vo
       const __m512 q = _mm512_max_ps(_mm512_min_ps(r, _mm512_set1_ps(127.f)), _mm512_set1_ps(-127.f));
       _mm_store_si128(reinterpret_cast<__m128i*>(c + 16 * i), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(q)));
     }
-    uint8_t* rec = static_cast<uint8_t*>(out) + static_cast<size_t>(g / 128) * kQ8StepBytes;
+    const size_t s = static_cast<size_t>(g / 128);
+    uint8_t* rec = static_cast<uint8_t*>(out) + q8_step_offset(s);
     const __m512i c0 = _mm512_load_si512(c), c1 = _mm512_load_si512(c + 64);
     const __m512i even = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(c0)), _mm512_cvtepi16_epi8(c1), 1);
     const __m512i odd = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srli_epi16(c0, 8))),
@@ -665,25 +693,25 @@ FT_TARGET_AVX512_BF16 void q8_prep_vec_avx512(const float* v, int i0, int i1, vo
     _mm512_storeu_si512(rec, even);
     _mm512_storeu_si512(rec + 64, odd);
     _mm512_storeu_si512(rec + 128, _mm512_mullo_epi32(sum, _mm512_set1_epi32(-12)));
-    const float dx = 0.5f * (amax / 127.f);  // the table holds 2 * e2m1
-    std::memset(rec + 192, 0, kQ8StepBytes - 192);
-    std::memcpy(rec + 192, &dx, sizeof dx);
+    q8_store_dx(static_cast<uint8_t*>(out), s, steps, 0.5f * (amax / 127.f));  // the table holds 2 * e2m1
   }
 }
 }  // namespace
 #endif
 
-void q8_prep_vec(const float* v, int i0, int i1, void* out) {
+void q8_prep_vec(const float* v, int i0, int i1, int K, void* out) {
 #if FT_X86
-  q8_prep_vec_avx512(v, i0, i1, out);
+  q8_prep_vec_avx512(v, i0, i1, K, out);
   return;
 #endif
+  const size_t steps = (static_cast<size_t>(K) + 127) / 128;
   for (int g = i0; g < i1; g += 128) {
     const int n = std::min(128, i1 - g);
     int8_t c[128] = {};
     // The int8 tier runs on AVX512-VNNI CPUs only, so AVX2 is there.
     const float amax = int8_codes(v + (g - i0), n, c, FT_X86 != 0);
-    uint8_t* rec = static_cast<uint8_t*>(out) + static_cast<size_t>(g / 128) * kQ8StepBytes;
+    const size_t s = static_cast<size_t>(g / 128);
+    uint8_t* rec = static_cast<uint8_t*>(out) + q8_step_offset(s);
     std::memset(rec, 0, kQ8StepBytes);
     int32_t off[16] = {};
     for (int j = 0; j < 64; ++j) {
@@ -693,8 +721,7 @@ void q8_prep_vec(const float* v, int i0, int i1, void* out) {
     }
     for (int l = 0; l < 16; ++l) off[l] *= -12;
     std::memcpy(rec + 128, off, sizeof off);
-    const float dx = 0.5f * (amax / 127.f);  // the table holds 2 * e2m1
-    std::memcpy(rec + 192, &dx, sizeof dx);
+    q8_store_dx(static_cast<uint8_t*>(out), s, steps, 0.5f * (amax / 127.f));  // the table holds 2 * e2m1
   }
 }
 

@@ -586,11 +586,11 @@ struct V {
 // groups of 32), Q4_0 lanes by their block's scale and the group's sum by dx (groups of 256).
 #if defined(__clang__)
 #pragma clang attribute push(                                                                            \
-    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,fma,f16c"))), \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,avx512vbmi,gfni,fma,f16c"))), \
     apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,fma,f16c")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,avx512vbmi,gfni,fma,f16c")
 #endif
 namespace vnni {
 namespace {
@@ -598,6 +598,13 @@ namespace {
 inline __m512i ld512(const void* p) { return _mm512_loadu_si512(p); }
 inline __m256i ld256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline __m128i ld128(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
+
+// The high nibble of every byte, in its low 4 bits: one GF2P8AFFINEQB, whose bit matrix takes bits
+// 4..7 to bits 0..3 and clears the rest (matrix byte 7 - i selects the input bits of output bit i),
+// in place of a shift and a mask.
+inline __m512i high_nibbles(__m512i q) {
+  return _mm512_gf2p8affine_epi64_epi8(q, _mm512_set1_epi64(0x1020408000000000ll), 0);
+}
 
 // -128 * (sum of each lane's 4 signed weight bytes w): the start of the lanes against x + 128.
 inline __m512i unsigned_x_start(__m512i w) {
@@ -692,8 +699,8 @@ __attribute__((always_inline)) inline void q4_0_group(const uint8_t* p, int nblk
   const __m512 ws0 = _mm512_cvtph_ps(_mm512_castsi512_si256(sw));
   const __m512 ws1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(sw, 1));
   const __m512i m = _mm512_set1_epi8(15);
-  const __m512i l0 = _mm512_and_si512(q0, m), h0 = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m);
-  const __m512i l1 = _mm512_and_si512(q1, m), h1 = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m);
+  const __m512i l0 = _mm512_and_si512(q0, m), h0 = high_nibbles(q0);
+  const __m512i l1 = _mm512_and_si512(q1, m), h1 = high_nibbles(q1);
   for (int j = 0; j < NV; ++j) {
     const uint8_t* x = xs[j].q + xo;
     const __m512i s0 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ld512(x + 256), l0, ld512(x)), h0, ld512(x + 64));
@@ -719,8 +726,8 @@ __attribute__((always_inline)) inline void q4_0_group_rows(const uint8_t* const*
     const __m512i sw = _mm512_permutex2var_epi16(a, isc, b);
     const __m512 ws0 = _mm512_cvtph_ps(_mm512_castsi512_si256(sw));
     const __m512 ws1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(sw, 1));
-    const __m512i l0 = _mm512_and_si512(q0, m), h0 = _mm512_and_si512(_mm512_srli_epi16(q0, 4), m);
-    const __m512i l1 = _mm512_and_si512(q1, m), h1 = _mm512_and_si512(_mm512_srli_epi16(q1, 4), m);
+    const __m512i l0 = _mm512_and_si512(q0, m), h0 = high_nibbles(q0);
+    const __m512i l1 = _mm512_and_si512(q1, m), h1 = high_nibbles(q1);
     const __m512i s0 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(o0, l0, x0), h0, x1);
     const __m512i s1 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(o1, l1, x2), h1, x3);
     const __m512 g = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), ws1, _mm512_mul_ps(_mm512_cvtepi32_ps(s0), ws0));
@@ -866,7 +873,7 @@ struct QK45 {
     for (int c = 0; c < 2; ++c) {
       const __m512i q = ld512(qs + 64 * c);
       codes[2 * c] = _mm512_and_si512(q, m);
-      codes[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m);
+      codes[2 * c + 1] = high_nibbles(q);
     }
     if (kQ5) {
       // bit s of qh[l] is bit 4 of element l of sub-block s

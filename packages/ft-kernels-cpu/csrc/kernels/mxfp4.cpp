@@ -49,7 +49,7 @@ class Mxfp4Format final : public MoeFormat {
     const int H = p_.hidden;
     const size_t stride = vec_bytes(H);
     xprep_.resize(stride * in.num_tokens);
-    for (int t = 0; t < in.num_tokens; ++t) prep(in.x_f32 + static_cast<size_t>(t) * H, 0, H, xprep_.data() + t * stride);
+    for (int t = 0; t < in.num_tokens; ++t) prep(in.x_f32 + static_cast<size_t>(t) * H, 0, H, H, xprep_.data() + t * stride);
   }
 
   void gate_up(const TaskInput& /*in*/, int e, int t, int i0, int i1, float in_scale, float* gate,
@@ -97,7 +97,9 @@ class Mxfp4Format final : public MoeFormat {
 
   size_t inter_prep_bytes() const override { return vec_bytes(p_.intermediate); }
 
-  void prep_inter(const float* h, int i0, int i1, void* prepped) const override { prep(h + i0, i0, i1, prepped); }
+  void prep_inter(const float* h, int i0, int i1, void* prepped) const override {
+    prep(h + i0, i0, i1, p_.intermediate, prepped);
+  }
 
   void down_rows(int e, int h0, int h1, const RouteRef* routes, int n, float* out, int stride) const override {
     const size_t H = p_.hidden, I = p_.intermediate;
@@ -120,9 +122,9 @@ class Mxfp4Format final : public MoeFormat {
   size_t vec_bytes(int K) const {
     return q8_ ? fp4::q8_vec_bytes(K) : q8a_ ? fp4::q8a_vec_bytes(K) : fp4::vec_bytes(p_.isa, K);
   }
-  void prep(const float* v, int i0, int i1, void* out) const {
+  void prep(const float* v, int i0, int i1, int K, void* out) const {
     if (q8_) {
-      fp4::q8_prep_vec(v, i0, i1, out);
+      fp4::q8_prep_vec(v, i0, i1, K, out);
     } else if (q8a_) {
       fp4::q8a_prep_vec(v, i0, i1, out);
     } else {

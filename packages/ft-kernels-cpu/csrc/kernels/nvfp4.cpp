@@ -24,7 +24,7 @@
 //  - avx512_bf16 (with AVX512-VNNI): an int8-activation path (W4A8). x and the intermediate are
 //    quantized to int8 per group of 16 (scale amax/127, round to nearest); per 256 elements the
 //    weight bytes are regrouped by dword so that a VNNI lane holds one group, the nibbles become
-//    2*e2m1 + 12 (unsigned 0..24) by VPSHUFB, four VPDPBUSD sum them against the int8 values
+//    2*e2m1 + 12 (unsigned 0..24) by VPERMB, four VPDPBUSD sum them against the int8 values
 //    exactly, the +12 offset is taken out by starting each lane at -12 * (its group's x sum),
 //    precomputed with x; then per group one int -> fp32 conversion and the product of the weight
 //    and x group scales (details at kVnniBlockBytes).
@@ -189,7 +189,7 @@ FT_TARGET_AVX512 void nvfp4_row_avx512(const uint8_t* w, const uint8_t* sc, cons
 // takes 4 bytes; a group's 8 bytes are two dwords of its chunk of 64 bytes, so the block's two chunks
 // A and B are first regrouped by dword: P = the even dwords of A then of B, Q = the odd ones (two
 // VPERMT2D). Lane g of P and of Q then holds group g's 8 bytes, whose low and high nibbles become
-// 2 * e2m1 + 12 (unsigned 0..24) by VPSHUFB: four vectors loP, hiP, loQ, hiQ. A vector's block
+// 2 * e2m1 + 12 (unsigned 0..24) by VPERMB: four vectors loP, hiP, loQ, hiQ. A vector's block
 // record (kVnniBlockBytes, a last one zero-padded) matches them byte for byte:
 //   [0, 64) q of elements 16g + 2p (lane g, byte p)      [64, 128) 16g + 2p + 1
 //   [128, 192) 16g + 8 + 2p                               [192, 256) 16g + 9 + 2p
@@ -203,14 +203,23 @@ size_t vnni_bytes(int K) { return static_cast<size_t>((K + 255) / 256) * kVnniBl
 
 #if FT_X86
 
+// The code vectors loP, hiP, loQ, hiQ (above) of a block's 128 bytes A, B. VPERMB reads the low 6
+// bits of each byte and the table repeats every 16 bytes, so the nibbles need no masking.
+FT_TARGET_AVX512_BF16 inline void vnni_codes(__m512i A, __m512i B, __m512i* q) {
+  const __m512i tab = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  const __m512i P = _mm512_permutex2var_epi32(A, even, B), Q = _mm512_permutex2var_epi32(A, odd, B);
+  q[0] = _mm512_permutexvar_epi8(P, tab);
+  q[1] = _mm512_permutexvar_epi8(_mm512_srli_epi16(P, 4), tab);
+  q[2] = _mm512_permutexvar_epi8(Q, tab);
+  q[3] = _mm512_permutexvar_epi8(_mm512_srli_epi16(Q, 4), tab);
+}
+
 // Rows with N int8-quantized vectors (block records above) and VPDPBUSD.
 template <int N>
 FT_TARGET_AVX512_BF16 void nvfp4_row_vnni(const uint8_t* w, const uint8_t* sc, const uint8_t* const* xs, int K,
                                           float* out, int os, const Prefetch& pf) {
-  const __m512i tab = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-  const __m512i low4 = _mm512_set1_epi8(0x0f);
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
   __m512 acc[N];
   for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
   for (int c = 0; c < K; c += 256) {
@@ -231,18 +240,15 @@ FT_TARGET_AVX512_BF16 void nvfp4_row_vnni(const uint8_t* w, const uint8_t* sc, c
       B = _mm512_maskz_loadu_epi8(L > 128 ? (1ull << (L / 2 - 64)) - 1 : 0ull, wb + 64);
       s16 = _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << (L / 16)) - 1u), sc + c / 16);
     }
-    const __m512i P = _mm512_permutex2var_epi32(A, even, B), Q = _mm512_permutex2var_epi32(A, odd, B);
-    const __m512i loP = _mm512_shuffle_epi8(tab, _mm512_and_si512(P, low4));
-    const __m512i hiP = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(P, 4), low4));
-    const __m512i loQ = _mm512_shuffle_epi8(tab, _mm512_and_si512(Q, low4));
-    const __m512i hiQ = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(Q, 4), low4));
+    __m512i q[4];
+    vnni_codes(A, B, q);
     const __m512 S = fp8nv::e4m3x16_nan_avx512(s16);  // lane g: group g (times 2^-8)
     for (int j = 0; j < N; ++j) {
       const uint8_t* xr = xs[j] + static_cast<size_t>(c / 256) * kVnniBlockBytes;
-      __m512i t = _mm512_dpbusd_epi32(_mm512_loadu_si512(xr + 256), loP, _mm512_loadu_si512(xr));
-      t = _mm512_dpbusd_epi32(t, hiP, _mm512_loadu_si512(xr + 64));
-      t = _mm512_dpbusd_epi32(t, loQ, _mm512_loadu_si512(xr + 128));
-      t = _mm512_dpbusd_epi32(t, hiQ, _mm512_loadu_si512(xr + 192));
+      __m512i t = _mm512_dpbusd_epi32(_mm512_loadu_si512(xr + 256), q[0], _mm512_loadu_si512(xr));
+      t = _mm512_dpbusd_epi32(t, q[1], _mm512_loadu_si512(xr + 64));
+      t = _mm512_dpbusd_epi32(t, q[2], _mm512_loadu_si512(xr + 128));
+      t = _mm512_dpbusd_epi32(t, q[3], _mm512_loadu_si512(xr + 192));
       acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(t), S), _mm512_loadu_ps(xr + 320), acc[j]);
     }
   }
@@ -255,22 +261,15 @@ FT_TARGET_AVX512_BF16 void nvfp4_row_vnni(const uint8_t* w, const uint8_t* sc, c
 FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void nvfp4_vnni_block1(const uint8_t* wb,
                                                                                   const uint8_t* scb,
                                                                                   const uint8_t* xr, __m512& acc) {
-  const __m512i tab = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-  const __m512i low4 = _mm512_set1_epi8(0x0f);
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
   const __m512i A = _mm512_loadu_si512(wb), B = _mm512_loadu_si512(wb + 64);
   const __m128i s16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scb));
-  const __m512i P = _mm512_permutex2var_epi32(A, even, B), Q = _mm512_permutex2var_epi32(A, odd, B);
-  const __m512i loP = _mm512_shuffle_epi8(tab, _mm512_and_si512(P, low4));
-  const __m512i hiP = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(P, 4), low4));
-  const __m512i loQ = _mm512_shuffle_epi8(tab, _mm512_and_si512(Q, low4));
-  const __m512i hiQ = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(Q, 4), low4));
+  __m512i q[4];
+  vnni_codes(A, B, q);
   const __m512 S = fp8nv::e4m3x16_nan_avx512(s16);
-  __m512i t = _mm512_dpbusd_epi32(_mm512_loadu_si512(xr + 256), loP, _mm512_loadu_si512(xr));
-  t = _mm512_dpbusd_epi32(t, hiP, _mm512_loadu_si512(xr + 64));
-  t = _mm512_dpbusd_epi32(t, loQ, _mm512_loadu_si512(xr + 128));
-  t = _mm512_dpbusd_epi32(t, hiQ, _mm512_loadu_si512(xr + 192));
+  __m512i t = _mm512_dpbusd_epi32(_mm512_loadu_si512(xr + 256), q[0], _mm512_loadu_si512(xr));
+  t = _mm512_dpbusd_epi32(t, q[1], _mm512_loadu_si512(xr + 64));
+  t = _mm512_dpbusd_epi32(t, q[2], _mm512_loadu_si512(xr + 128));
+  t = _mm512_dpbusd_epi32(t, q[3], _mm512_loadu_si512(xr + 192));
   acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(t), S), _mm512_loadu_ps(xr + 320), acc);
 }
 
