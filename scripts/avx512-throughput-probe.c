@@ -2,7 +2,7 @@
 // SMT siblings among the CPUs, on the machine it runs on (written for the GPU machine's Xeon VM,
 // which has no profiler; docs/benchmarks.md quotes its output).
 //
-//   gcc -O2 -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx512bf16 -mavx512vbmi -mf16c -pthread
+//   gcc -O2 -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx512bf16 -mavx512vbmi -mgfni -mf16c -pthread
 //     scripts/avx512-throughput-probe.c -o /tmp/probe && /tmp/probe [NCPUS]
 //
 // Each row runs 12 independent copies of one instruction (or of a pair) in a loop and prints cycles
@@ -59,11 +59,16 @@ static double cycle_ns(void) {
 #define LD(n) "vmovdqu64 " #n "*64(%%rsp), %%zmm" #n "\n\t"
 #define BFADD(n) "vdpbf16ps %%zmm13, %%zmm14, %%zmm" #n "\n\tvpaddd %%zmm13, %%zmm14, %%zmm15\n\t"
 #define BFSRL(n) "vdpbf16ps %%zmm13, %%zmm14, %%zmm" #n "\n\tvpsrlw $4, %%zmm13, %%zmm15\n\t"
+#define GF(n) "vgf2p8affineqb $0, %%zmm13, %%zmm14, %%zmm" #n "\n\t"
+#define SLLM(n) "vpsllw $3, %%zmm13, %%zmm" #n "%{%%k1%}\n\t"
+#define DPW_SRL(n) "vpdpwssd %%zmm13, %%zmm14, %%zmm" #n "\n\tvpsrlw $4, %%zmm13, %%zmm15\n\t"
+#define DPW_PW(n) "vpdpwssd %%zmm13, %%zmm14, %%zmm" #n "\n\tvpermw %%zmm13, %%zmm14, %%zmm15\n\t"
 #define BFPB(n) "vdpbf16ps %%zmm13, %%zmm14, %%zmm" #n "\n\tvpermb %%zmm13, %%zmm14, %%zmm15\n\t"
 T(t_fma, FMA) T(t_dpb, DPB) T(t_dpw, DPW) T(t_bf, BF) T(t_pt2w, PT2W) T(t_pt2b, PT2B) T(t_pw, PW) T(t_pb, PB)
 T(t_pps, PPS) T(t_shuf, SHUF) T(t_cph, CPH) T(t_cdq, CDQ) T(t_srl, SRL) T(t_and, AND) T(t_sxbw, SXBW)
 T(t_maddubs, MADDUBS) T(t_mshift, MULTISHIFT) T(t_fma_pb, FMA_PB) T(t_dpb_pb, DPB_PB) T(t_dpb_shuf, DPB_SHUF)
 T(t_fma_cdq, FMA_CDQ) T(t_dpb_fma, DPB_FMA) T(t_ld, LD) T(t_bfadd, BFADD) T(t_bfsrl, BFSRL) T(t_bfpb, BFPB)
+T(t_gf, GF) T(t_sllm, SLLM) T(t_dpw_srl, DPW_SRL) T(t_dpw_pw, DPW_PW)
 
 static void pin(int c) { cpu_set_t s; CPU_ZERO(&s); CPU_SET(c, &s); pthread_setaffinity_np(pthread_self(), sizeof s, &s); }
 static volatile int go; static double res[2];
@@ -80,7 +85,8 @@ int main(int argc, char** argv) {
     {"vpmaddubsw", t_maddubs}, {"vpmultishiftqb", t_mshift}, {"fma+vpermb (pair)", t_fma_pb},
     {"vpdpbusd+vpermb (pair)", t_dpb_pb}, {"vpdpbusd+vpshufb (pair)", t_dpb_shuf}, {"fma+cvtdq2ps (pair)", t_fma_cdq},
     {"vpdpbusd+vmulps (pair)", t_dpb_fma}, {"load zmm", t_ld}, {"vdpbf16ps+vpaddd (pair)", t_bfadd},
-    {"vdpbf16ps+vpsrlw (pair)", t_bfsrl}, {"vdpbf16ps+vpermb (pair)", t_bfpb}};
+    {"vdpbf16ps+vpsrlw (pair)", t_bfsrl}, {"vdpbf16ps+vpermb (pair)", t_bfpb}, {"vgf2p8affineqb", t_gf},
+    {"vpsllw {k} (merge-masked)", t_sllm}, {"vpdpwssd+vpsrlw (pair)", t_dpw_srl}, {"vpdpwssd+vpermw (pair)", t_dpw_pw}};
   for (unsigned i = 0; i < sizeof tests / sizeof *tests; ++i) {
     double ns = tests[i].f();
     printf("%-26s %.3f cycles per instruction (group)\n", tests[i].n, ns / cy);

@@ -646,11 +646,12 @@ inline float load_f32(const uint8_t* p) {
 
 inline __m512 f16_bcast(const uint8_t* p) { return _mm512_set1_ps(_cvtsh_ss(load_u16(p))); }
 
-// Q4_0 against x in the Q4_0 layout (q4_0_xq_* in ggml_blocks.h): a group of 8 blocks (144 bytes)
-// is three loads; one word permute per 4 blocks gathers their 64 code bytes in block order (qs of
-// blocks 4c..4c+3, 16 bytes each: low nibbles are elements 0..15 of each block, high nibbles 16..31,
-// which is the order of x's lo and hi halves), one more gathers the 8 fp16 scales, each repeated on
-// its block's 4 lanes. Per 4 blocks and vector: two VPDPBUSD into int32 lanes that start at the
+// Q4_0 against x in the Q4_0 layout (q4_0_xq_* in ggml_blocks.h): per group of 8 blocks (144
+// bytes) one permute per 4 blocks gathers their 64 code bytes in block order (qs of blocks
+// 4c..4c+3, 16 bytes each: low nibbles are elements 0..15 of each block, high nibbles 16..31, which
+// is the order of x's lo and hi halves): by dwords from four unaligned loads (Q4_0::codes), or by
+// words from three masked loads for a last, partial group. One word permute of the group's first
+// 128 bytes gathers the 8 fp16 scales, each repeated on its block's 4 lanes. Per 4 blocks and vector: two VPDPBUSD into int32 lanes that start at the
 // precomputed -8 * (sum of the lane's x codes), one conversion, one FMA by the scales; the group's
 // sum is multiplied by dx at its end.
 struct Q4_0 {
@@ -668,6 +669,20 @@ struct Q4_0 {
     for (int i = 0; i < 32; ++i) v[i] = static_cast<int16_t>(5 + 9 * (i / 8) + i % 8);
     return _mm512_load_si512(v);
   }
+  // Codes of blocks 0..3 / 4..7 of a whole group by dwords (VPERMT2D, one uop, where VPERMT2W holds
+  // port 5 for two cycles) from unaligned loads that put two blocks' codes on dword boundaries:
+  // (p + 2, p + 20) hold blocks 0, 2 / 1, 3 at dwords 0 and 9, (p + 74, p + 80) blocks 4, 6 at
+  // dwords 0, 9 / 5, 7 at dwords 3, 12; no load reaches past the group's 144 bytes.
+  static inline __m512i idx_dwords0() {
+    return _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 9, 10, 11, 12, 25, 26, 27, 28);
+  }
+  static inline __m512i idx_dwords1() {
+    return _mm512_setr_epi32(0, 1, 2, 3, 19, 20, 21, 22, 9, 10, 11, 12, 28, 29, 30, 31);
+  }
+  static inline void codes(const uint8_t* p, __m512i& q0, __m512i& q1) {
+    q0 = _mm512_permutex2var_epi32(_mm512_loadu_si512(p + 2), idx_dwords0(), _mm512_loadu_si512(p + 20));
+    q1 = _mm512_permutex2var_epi32(_mm512_loadu_si512(p + 74), idx_dwords1(), _mm512_loadu_si512(p + 80));
+  }
   // Scales of blocks 0..7 from (p, p + 64), each 4 times: word 9 b, b = i / 4.
   static inline __m512i idx_scales() {
     alignas(64) int16_t v[32];
@@ -680,11 +695,11 @@ struct Q4_0 {
 template <int NV>
 __attribute__((always_inline)) inline void q4_0_group(const uint8_t* p, int nblk, const Q8Ref* xs, size_t xo,
                                                       __m512i ic0, __m512i ic1, __m512i isc, __m512* acc) {
-  __m512i a, b, c;
+  __m512i a, b, q0, q1;
   if (nblk == 8) {
     a = ld512(p);
     b = ld512(p + 64);
-    c = _mm512_castsi128_si512(ld128(p + 128));
+    Q4_0::codes(p, q0, q1);
   } else {  // masked: nothing past the row's last block is read; missing blocks are zero (scale 0)
     const int n = nblk * Q4_0::bytes;
     const __mmask64 m0 = n >= 64 ? ~0ull : (1ull << n) - 1;
@@ -692,9 +707,10 @@ __attribute__((always_inline)) inline void q4_0_group(const uint8_t* p, int nblk
     const __mmask64 m2 = n <= 128 ? 0ull : (1ull << (n - 128)) - 1;
     a = _mm512_maskz_loadu_epi8(m0, p);
     b = _mm512_maskz_loadu_epi8(m1, p + 64);
-    c = _mm512_maskz_loadu_epi8(m2, p + 128);
+    const __m512i c = _mm512_maskz_loadu_epi8(m2, p + 128);
+    q0 = _mm512_permutex2var_epi16(a, ic0, b);
+    q1 = _mm512_permutex2var_epi16(b, ic1, c);
   }
-  const __m512i q0 = _mm512_permutex2var_epi16(a, ic0, b), q1 = _mm512_permutex2var_epi16(b, ic1, c);
   const __m512i sw = _mm512_permutex2var_epi16(a, isc, b);
   const __m512 ws0 = _mm512_cvtph_ps(_mm512_castsi512_si256(sw));
   const __m512 ws1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(sw, 1));
@@ -721,8 +737,9 @@ __attribute__((always_inline)) inline void q4_0_group_rows(const uint8_t* const*
   const __m512 dx = _mm512_set1_ps(load_f32(x + 384));
   const __m512i m = _mm512_set1_epi8(15);
   for (int i = 0; i < R; ++i) {
-    const __m512i a = ld512(p[i]), b = ld512(p[i] + 64), c = _mm512_castsi128_si512(ld128(p[i] + 128));
-    const __m512i q0 = _mm512_permutex2var_epi16(a, ic0, b), q1 = _mm512_permutex2var_epi16(b, ic1, c);
+    const __m512i a = ld512(p[i]), b = ld512(p[i] + 64);
+    __m512i q0, q1;
+    Q4_0::codes(p[i], q0, q1);
     const __m512i sw = _mm512_permutex2var_epi16(a, isc, b);
     const __m512 ws0 = _mm512_cvtph_ps(_mm512_castsi512_si256(sw));
     const __m512 ws1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(sw, 1));
