@@ -63,12 +63,24 @@ static double cycle_ns(void) {
 #define SLLM(n) "vpsllw $3, %%zmm13, %%zmm" #n "%{%%k1%}\n\t"
 #define DPW_SRL(n) "vpdpwssd %%zmm13, %%zmm14, %%zmm" #n "\n\tvpsrlw $4, %%zmm13, %%zmm15\n\t"
 #define DPW_PW(n) "vpdpwssd %%zmm13, %%zmm14, %%zmm" #n "\n\tvpermw %%zmm13, %%zmm14, %%zmm15\n\t"
+#define PT2D(n) "vpermt2d %%zmm13, %%zmm14, %%zmm" #n "\n\t"
+// X beside a VPADDD (one uop for port 0 or 5): about X's own time if X is one uop on one port, 1.5
+// cycles for a one-cycle X of two uops (VPERMW), 1 for a pair of one-uop instructions that share both
+// ports (VPDPBUSD).
+#define ADD15 "vpaddd %%zmm13, %%zmm14, %%zmm15\n\t"
+#define PW_ADD(n) "vpermw %%zmm13, %%zmm14, %%zmm" #n "\n\t" ADD15
+#define PB_ADD(n) "vpermb %%zmm13, %%zmm14, %%zmm" #n "\n\t" ADD15
+#define CPH_ADD(n) "vcvtph2ps %%ymm13, %%zmm" #n "\n\t" ADD15
+#define PT2W_ADD(n) "vpermt2w %%zmm13, %%zmm14, %%zmm" #n "\n\t" ADD15
+#define PT2D_ADD(n) "vpermt2d %%zmm13, %%zmm14, %%zmm" #n "\n\t" ADD15
+#define SRL_ADD(n) "vpsrlw $4, %%zmm13, %%zmm" #n "\n\t" ADD15
 #define BFPB(n) "vdpbf16ps %%zmm13, %%zmm14, %%zmm" #n "\n\tvpermb %%zmm13, %%zmm14, %%zmm15\n\t"
 T(t_fma, FMA) T(t_dpb, DPB) T(t_dpw, DPW) T(t_bf, BF) T(t_pt2w, PT2W) T(t_pt2b, PT2B) T(t_pw, PW) T(t_pb, PB)
 T(t_pps, PPS) T(t_shuf, SHUF) T(t_cph, CPH) T(t_cdq, CDQ) T(t_srl, SRL) T(t_and, AND) T(t_sxbw, SXBW)
 T(t_maddubs, MADDUBS) T(t_mshift, MULTISHIFT) T(t_fma_pb, FMA_PB) T(t_dpb_pb, DPB_PB) T(t_dpb_shuf, DPB_SHUF)
 T(t_fma_cdq, FMA_CDQ) T(t_dpb_fma, DPB_FMA) T(t_ld, LD) T(t_bfadd, BFADD) T(t_bfsrl, BFSRL) T(t_bfpb, BFPB)
-T(t_gf, GF) T(t_sllm, SLLM) T(t_dpw_srl, DPW_SRL) T(t_dpw_pw, DPW_PW)
+T(t_gf, GF) T(t_sllm, SLLM) T(t_dpw_srl, DPW_SRL) T(t_dpw_pw, DPW_PW) T(t_pt2d, PT2D) T(t_pw_add, PW_ADD)
+T(t_pb_add, PB_ADD) T(t_cph_add, CPH_ADD) T(t_pt2w_add, PT2W_ADD) T(t_pt2d_add, PT2D_ADD) T(t_srl_add, SRL_ADD)
 
 static void pin(int c) { cpu_set_t s; CPU_ZERO(&s); CPU_SET(c, &s); pthread_setaffinity_np(pthread_self(), sizeof s, &s); }
 static volatile int go; static double res[2];
@@ -86,7 +98,10 @@ int main(int argc, char** argv) {
     {"vpdpbusd+vpermb (pair)", t_dpb_pb}, {"vpdpbusd+vpshufb (pair)", t_dpb_shuf}, {"fma+cvtdq2ps (pair)", t_fma_cdq},
     {"vpdpbusd+vmulps (pair)", t_dpb_fma}, {"load zmm", t_ld}, {"vdpbf16ps+vpaddd (pair)", t_bfadd},
     {"vdpbf16ps+vpsrlw (pair)", t_bfsrl}, {"vdpbf16ps+vpermb (pair)", t_bfpb}, {"vgf2p8affineqb", t_gf},
-    {"vpsllw {k} (merge-masked)", t_sllm}, {"vpdpwssd+vpsrlw (pair)", t_dpw_srl}, {"vpdpwssd+vpermw (pair)", t_dpw_pw}};
+    {"vpsllw {k} (merge-masked)", t_sllm}, {"vpdpwssd+vpsrlw (pair)", t_dpw_srl}, {"vpdpwssd+vpermw (pair)", t_dpw_pw},
+    {"vpermt2d", t_pt2d}, {"vpermw+vpaddd (pair)", t_pw_add}, {"vpermb+vpaddd (pair)", t_pb_add},
+    {"vcvtph2ps+vpaddd (pair)", t_cph_add}, {"vpermt2w+vpaddd (pair)", t_pt2w_add},
+    {"vpermt2d+vpaddd (pair)", t_pt2d_add}, {"vpsrlw+vpaddd (pair)", t_srl_add}};
   for (unsigned i = 0; i < sizeof tests / sizeof *tests; ++i) {
     double ns = tests[i].f();
     printf("%-26s %.3f cycles per instruction (group)\n", tests[i].n, ns / cy);

@@ -651,9 +651,9 @@ inline __m512 f16_bcast(const uint8_t* p) { return _mm512_set1_ps(_cvtsh_ss(load
 // 4c..4c+3, 16 bytes each: low nibbles are elements 0..15 of each block, high nibbles 16..31, which
 // is the order of x's lo and hi halves): by dwords from four unaligned loads (Q4_0::codes), or by
 // words from three masked loads for a last, partial group. One word permute of the group's first
-// 128 bytes gathers the 8 fp16 scales, each repeated on its block's 4 lanes. Per 4 blocks and vector: two VPDPBUSD into int32 lanes that start at the
-// precomputed -8 * (sum of the lane's x codes), one conversion, one FMA by the scales; the group's
-// sum is multiplied by dx at its end.
+// 128 bytes gathers the 8 fp16 scales, each repeated on its block's 4 lanes. Per 4 blocks and
+// vector: two VPDPBUSD into int32 lanes that start at the precomputed -8 * (sum of the lane's x
+// codes), one conversion, one FMA by the scales; the group's sum is multiplied by dx at its end.
 struct Q4_0 {
   static constexpr int elems = 32, bytes = 18;
   // Word permute indices (vpermt2w: 0..31 the first table, 32..63 the second).

@@ -49,7 +49,9 @@ class Mxfp4Format final : public MoeFormat {
     const int H = p_.hidden;
     const size_t stride = vec_bytes(H);
     xprep_.resize(stride * in.num_tokens);
-    for (int t = 0; t < in.num_tokens; ++t) prep(in.x_f32 + static_cast<size_t>(t) * H, 0, H, H, xprep_.data() + t * stride);
+    for (int t = 0; t < in.num_tokens; ++t) {
+      prep(in.x_f32 + static_cast<size_t>(t) * H, 0, H, H, xprep_.data() + t * stride);
+    }
   }
 
   void gate_up(const TaskInput& /*in*/, int e, int t, int i0, int i1, float in_scale, float* gate,
