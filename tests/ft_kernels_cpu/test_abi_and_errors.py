@@ -86,6 +86,32 @@ def test_isa_env_lowers_the_tier(monkeypatch: pytest.MonkeyPatch) -> None:
 
 ALL_TIERS = ["scalar", "avx2", "avx512", "avx512_bf16"]
 
+# What each tier needs beyond the one below it, in Linux's /proc/cpuinfo flag names (the kernel reads
+# CPUID itself, and Linux drops the AVX flags when the OS does not save their registers).
+TIER_FLAGS = {
+    "avx2": {"avx2", "fma", "f16c"},
+    "avx512": {"avx512f", "avx512dq", "avx512bw", "avx512vl"},
+    "avx512_bf16": {"avx512_bf16", "avx512_vnni", "avx512vbmi", "gfni"},
+}
+
+
+def test_best_tier_follows_the_cpu_flags() -> None:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        pytest.skip("no /proc/cpuinfo to read the CPU flags from")
+    flags_lines = [ln for ln in lines if ln.startswith("flags")]
+    if not flags_lines:
+        pytest.skip("/proc/cpuinfo has no x86 flags line")
+    flags = set(flags_lines[0].split(":", 1)[1].split())
+    expected = "scalar"
+    for tier in ["avx2", "avx512", "avx512_bf16"]:
+        if not TIER_FLAGS[tier] <= flags:
+            break
+        expected = tier
+    assert fk.isa_tiers()[-1] == expected
+    assert fk.isa_tiers() == ALL_TIERS[: ALL_TIERS.index(expected) + 1]
+
 
 @pytest.mark.parametrize("best", ALL_TIERS)
 def test_a_request_can_only_lower_the_tier(monkeypatch: pytest.MonkeyPatch, best: str) -> None:
