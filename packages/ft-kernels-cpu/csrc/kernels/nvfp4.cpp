@@ -216,6 +216,15 @@ FT_TARGET_AVX512_BF16 inline void vnni_codes(__m512i A, __m512i B, __m512i* q) {
   q[3] = _mm512_permutexvar_epi8(_mm512_srli_epi16(Q, 4), tab);
 }
 
+// Lane g = sum over group g of (2 e2m1 + 12) * q, less 12 * sum q: exact int32, against the block
+// record xr.
+FT_TARGET_AVX512_BF16 inline __m512i vnni_sums(const __m512i* q, const uint8_t* xr) {
+  __m512i t = _mm512_dpbusd_epi32(_mm512_loadu_si512(xr + 256), q[0], _mm512_loadu_si512(xr));
+  t = _mm512_dpbusd_epi32(t, q[1], _mm512_loadu_si512(xr + 64));
+  t = _mm512_dpbusd_epi32(t, q[2], _mm512_loadu_si512(xr + 128));
+  return _mm512_dpbusd_epi32(t, q[3], _mm512_loadu_si512(xr + 192));
+}
+
 // Rows with N int8-quantized vectors (block records above) and VPDPBUSD.
 template <int N>
 FT_TARGET_AVX512_BF16 void nvfp4_row_vnni(const uint8_t* w, const uint8_t* sc, const uint8_t* const* xs, int K,
@@ -245,11 +254,8 @@ FT_TARGET_AVX512_BF16 void nvfp4_row_vnni(const uint8_t* w, const uint8_t* sc, c
     const __m512 S = fp8nv::e4m3x16_nan_avx512(s16);  // lane g: group g (times 2^-8)
     for (int j = 0; j < N; ++j) {
       const uint8_t* xr = xs[j] + static_cast<size_t>(c / 256) * kVnniBlockBytes;
-      __m512i t = _mm512_dpbusd_epi32(_mm512_loadu_si512(xr + 256), q[0], _mm512_loadu_si512(xr));
-      t = _mm512_dpbusd_epi32(t, q[1], _mm512_loadu_si512(xr + 64));
-      t = _mm512_dpbusd_epi32(t, q[2], _mm512_loadu_si512(xr + 128));
-      t = _mm512_dpbusd_epi32(t, q[3], _mm512_loadu_si512(xr + 192));
-      acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(t), S), _mm512_loadu_ps(xr + 320), acc[j]);
+      acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(vnni_sums(q, xr)), S), _mm512_loadu_ps(xr + 320),
+                               acc[j]);
     }
   }
   // The table holds 2 * e2m1, the scales carry 2^-8: both undone by one power of two.
@@ -266,11 +272,7 @@ FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void nvfp4_vnni_bloc
   __m512i q[4];
   vnni_codes(A, B, q);
   const __m512 S = fp8nv::e4m3x16_nan_avx512(s16);
-  __m512i t = _mm512_dpbusd_epi32(_mm512_loadu_si512(xr + 256), q[0], _mm512_loadu_si512(xr));
-  t = _mm512_dpbusd_epi32(t, q[1], _mm512_loadu_si512(xr + 64));
-  t = _mm512_dpbusd_epi32(t, q[2], _mm512_loadu_si512(xr + 128));
-  t = _mm512_dpbusd_epi32(t, q[3], _mm512_loadu_si512(xr + 192));
-  acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(t), S), _mm512_loadu_ps(xr + 320), acc);
+  acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(vnni_sums(q, xr)), S), _mm512_loadu_ps(xr + 320), acc);
 }
 
 // 4 consecutive rows (w, sc: the first; ldw, lds apart) against one vector, K a multiple of 256 (the
