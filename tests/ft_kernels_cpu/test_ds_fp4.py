@@ -27,7 +27,7 @@ if "avx2" in TIERS:
 if "avx512" in TIERS:
     VARIANTS += [("avx512", "int16", "")]  # the avx2 tier's int16 kernels next to avx512's fp32 ones
 if "avx512_bf16" in TIERS:
-    VARIANTS += [("avx512_bf16", "fp32", ""), ("avx512_bf16", "bf16", ""), ("avx512_bf16", "int16", "")]
+    VARIANTS += [("avx512_bf16", k, "") for k in ("fp32", "bf16", "int16", "int8")]
     if fk.cpu_amx_bf16():
         VARIANTS += [("avx512_bf16", "amx", ""), ("avx512_bf16", "amx", "1")]
 isa = tier_fixture("FT_CPU_MOE_DSFP4_KERNELS", VARIANTS)
@@ -161,10 +161,10 @@ def test_kernel_choice_errors(monkeypatch) -> None:
     assert_kernel_choice_errors(
         monkeypatch,
         "FT_CPU_MOE_DSFP4_KERNELS",
-        "auto, fp32, bf16, int16 or amx",
+        "auto, fp32, bf16, int16, int8 or amx",
         add_layer,
         TIERS,
-        tiered=(("bf16", "avx512_bf16"), ("int16", "avx2"), ("amx", "avx512_bf16")),
+        tiered=(("bf16", "avx512_bf16"), ("int16", "avx2"), ("int8", "avx512_bf16"), ("amx", "avx512_bf16")),
     )
     monkeypatch.setenv("FT_CPU_MOE_DSFP4_KERNELS", "fp32")
     add_layer("scalar")

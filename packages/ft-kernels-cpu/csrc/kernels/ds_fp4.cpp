@@ -118,7 +118,7 @@ class DsFp4Format final : public MoeFormat {
   // `large_from` vectors, and (large_from > 0) a second one after it for the larger calls: the bf16
   // layout of the AMX tiles, or the fp32 layout where the int16 kernels of the avx2 tier lose to the
   // fp32 ones (their per-vector work is larger, the decode cheaper).
-  enum class Layout { fp32, bf16, int16 };
+  enum class Layout { fp32, bf16, int16, int8 };
   struct Plan {
     Layout small;
     Layout large;
@@ -135,7 +135,8 @@ class DsFp4Format final : public MoeFormat {
     switch (k) {
       case dsfp4::Kernels::fp32: return {Layout::fp32, Layout::fp32, 0};
       case dsfp4::Kernels::bf16: return {Layout::bf16, Layout::bf16, 0};
-      case dsfp4::Kernels::amx: return {x ? Layout::int16 : Layout::fp32, Layout::bf16, amx_min};
+      case dsfp4::Kernels::int8: return {Layout::int8, Layout::int8, 0};
+      case dsfp4::Kernels::amx: return {Layout::int8, Layout::bf16, amx_min};
       case dsfp4::Kernels::int16: break;
     }
     if (isa == Isa::avx512_bf16) return {x ? Layout::int16 : Layout::fp32, Layout::fp32, 0};
@@ -146,6 +147,7 @@ class DsFp4Format final : public MoeFormat {
       case Layout::fp32: return fp4::vec_bytes(p_.isa, K);
       case Layout::bf16: return dsfp4::vec_bytes(K);
       case Layout::int16: return dsfp4::int16_vec_bytes(K);
+      case Layout::int8: return dsfp4::int8_vec_bytes(K);
     }
     return 0;
   }
@@ -158,6 +160,10 @@ class DsFp4Format final : public MoeFormat {
     char* second = P.large_from ? static_cast<char*>(out) + layout_bytes(P.small, K) : nullptr;
     if (P.small == Layout::bf16) {
       dsfp4::fp8_prep(v, i0, i1, act_block_, nullptr, out);
+      return;
+    }
+    if (P.small == Layout::int8) {
+      dsfp4::int8_prep(v, i0, i1, K, act_block_, out, second);  // second: the tiles' bf16 layout (amx)
       return;
     }
     if (P.small == Layout::int16) {
@@ -202,6 +208,7 @@ class DsFp4Format final : public MoeFormat {
         }
         return;
       case Layout::bf16: dsfp4::dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_); return;
+      case Layout::int8: dsfp4::int8_dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_); return;
       case Layout::fp32: fp4::dot_rows_multi(p_.isa, W, S, nrows, xs, n, K, out, os, pf_); return;
     }
   }

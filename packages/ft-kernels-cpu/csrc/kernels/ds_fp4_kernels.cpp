@@ -47,6 +47,20 @@ constexpr size_t kFlag = 320;   // int32: non-zero if the step carries lo
 constexpr size_t kLo = 384;     // 4 x 32 int16 lo (0 .. 7)
 constexpr size_t kRecord = 640;
 
+// The int8 record of a step (int8_dot_rows_multi): the integers X of its 128 elements in base-256
+// digit planes, most significant first, each plane 64 bytes of the even elements' digits (byte k:
+// element 2k, the low nibble of weight byte k) and 64 of the odd ones', then 16 int32 lanes
+// -12 * (sum of X over elements 8l .. 8l + 7) and the number of planes. The steps come in groups of
+// 4 followed by 16 fp32 lanes, lane b the unit of X in block 16g + b of the group times 1/2 (the
+// weights are 2 * e2m1), so that 16 blocks take their weight scales in one multiply.
+constexpr size_t kI8Plane = 128;
+constexpr size_t kI8Corr = 3 * kI8Plane;
+constexpr size_t kI8Planes = kI8Corr + 64;  // int32: 2 or 3
+constexpr size_t kI8Record = 512;
+constexpr size_t kI8Group = 4 * kI8Record + 64;
+constexpr size_t i8_step_offset(size_t s) { return s / 4 * kI8Group + s % 4 * kI8Record; }
+constexpr size_t i8_unit_offset(size_t s) { return s / 4 * kI8Group + 4 * kI8Record; }
+
 #if FT_X86
 
 // ---- the fp8 e4m3 round trip, 128 elements at a time ----
@@ -140,6 +154,52 @@ FT_TARGET_AVX512 void store_int16(const __m512* r, const float* s, char* rec) {
   }
 }
 
+// The int8 record of r, s (e4m3_step) as step st of the vector at vec. X = q * 2^9 (|X| < 2^18);
+// when every X of the step is a multiple of 8 (no e4m3 value below 2^-3 of its scale: 2^-11 of the
+// block's largest), the record holds X / 8 in two planes (|X / 8| <= 28672), else X in three.
+// Digits are signed bytes: d0 = X's low byte sign-extended, X1 = (X - d0) / 256, and so on.
+FT_TARGET_AVX512_BF16 void store_int8(const __m512* r, const float* s, char* vec, size_t st) {
+  __m512i x[8];
+  __m512i any = _mm512_setzero_si512();
+  for (int i = 0; i < 8; ++i) {
+    x[i] = _mm512_cvtps_epi32(_mm512_mul_ps(r[i], _mm512_set1_ps(512.f)));  // exact integers
+    any = _mm512_or_si512(any, x[i]);
+  }
+  const bool three = _mm512_test_epi32_mask(any, _mm512_set1_epi32(7)) != 0;
+  const int planes = three ? 3 : 2;
+  alignas(64) int8_t digits[3][128];  // natural element order, most significant plane first
+  for (int i = 0; i < 8; ++i) {
+    const __m512i v = three ? x[i] : _mm512_srai_epi32(x[i], 3);
+    const __m512i d0 = _mm512_srai_epi32(_mm512_slli_epi32(v, 24), 24);
+    const __m512i v1 = _mm512_srai_epi32(_mm512_sub_epi32(v, d0), 8);
+    const __m512i d1 = _mm512_srai_epi32(_mm512_slli_epi32(v1, 24), 24);
+    const __m512i d2 = _mm512_srai_epi32(_mm512_sub_epi32(v1, d1), 8);  // 0 with two planes
+    const __m512i d[3] = {d2, d1, d0};
+    for (int p = 0; p < planes; ++p) {
+      _mm_store_si128(reinterpret_cast<__m128i*>(digits[p] + 16 * i), _mm512_cvtepi32_epi8(d[p + 3 - planes]));
+    }
+  }
+  alignas(64) uint8_t even[64], odd[64];
+  for (int k = 0; k < 64; ++k) even[k] = static_cast<uint8_t>(2 * k), odd[k] = static_cast<uint8_t>(2 * k + 1);
+  const __m512i ie = _mm512_load_si512(even), io = _mm512_load_si512(odd);
+  // The lanes' sums of X by the kernels' own chain with 12 for every weight.
+  const __m512i twelve = _mm512_set1_epi8(12);
+  char* rec = vec + i8_step_offset(st);
+  __m512i t = _mm512_setzero_si512();
+  for (int p = 0; p < planes; ++p) {
+    const __m512i a = _mm512_load_si512(digits[p]), b = _mm512_load_si512(digits[p] + 64);
+    const __m512i e = _mm512_permutex2var_epi8(a, ie, b), o = _mm512_permutex2var_epi8(a, io, b);
+    _mm512_storeu_si512(rec + p * kI8Plane, e);
+    _mm512_storeu_si512(rec + p * kI8Plane + 64, o);
+    if (p > 0) t = _mm512_slli_epi32(t, 8);
+    t = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(t, twelve, e), twelve, o);
+  }
+  _mm512_storeu_si512(rec + kI8Corr, _mm512_sub_epi32(_mm512_setzero_si512(), t));
+  std::memcpy(rec + kI8Planes, &planes, sizeof planes);
+  float* unit = reinterpret_cast<float*>(vec + i8_unit_offset(st)) + 4 * (st % 4);
+  for (int b = 0; b < 4; ++b) unit[b] = s[2 * b] * (three ? 0x1p-10f : 0x1p-7f);
+}
+
 // fp8_round_trip for the avx512 tiers (blocks of 16 .. 128 dividing 128).
 FT_TARGET_AVX512 void round_trip_avx512(const float* v, int n, int block, float* q) {
   __m512 r[8];
@@ -163,6 +223,25 @@ FT_TARGET_AVX512 void prep_avx512(const float* v, int i0, int i1, int block, voi
     e4m3_step(v + (g - i0), std::min(128, i1 - g), block, r, s);
     if (int16_out) store_int16(r, s, static_cast<char*>(int16_out) + g / 128 * kRecord);
     if (bf16_out) store_bf16(r, s, static_cast<uint16_t*>(bf16_out) + g);
+  }
+}
+
+// int8_prep (ds_fp4_kernels.h).
+FT_TARGET_AVX512_BF16 void prep_int8_avx512(const float* v, int i0, int i1, int K, int block, void* int8_out,
+                                            void* bf16_out) {
+  __m512 r[8];
+  float s[8];
+  char* vec = static_cast<char*>(int8_out);
+  for (int g = i0; g < i1; g += 128) {
+    e4m3_step(v + (g - i0), std::min(128, i1 - g), block, r, s);
+    store_int8(r, s, vec, static_cast<size_t>(g) / 128);
+    if (bf16_out) store_bf16(r, s, static_cast<uint16_t*>(bf16_out) + g);
+  }
+  // The group's units past the vector's last step: never used, defined anyway.
+  const size_t steps = (static_cast<size_t>(K) + 127) / 128;
+  if (i1 == K && steps % 4) {
+    float* unit = reinterpret_cast<float*>(vec + i8_unit_offset(steps - 1));
+    std::fill(unit + 4 * (steps % 4), unit + 16, 0.f);
   }
 }
 
@@ -294,6 +373,98 @@ FT_TARGET_AVX512_BF16 void rows(const uint8_t* W, const uint8_t* S, int nrows, c
   }
 }
 
+// ---- int8 kernels: VPDPBUSD over the digit planes ----
+//
+// A step's weights are looked up as mxfp4's int8 kernels do (fp4_avx512.h's e2m1_u8_table: one
+// VPERMB per nibble, 12 + 2 * e2m1 unsigned); per vector the planes' VPDPBUSD pairs run in one chain
+// with a shift by 8 between planes, from zero, and the record's lanes take the offset off: the lane
+// sums 2 * e2m1 . X exactly (|sum| < 2^25; a lane past 2^24 rounds once in the conversion, as an fp32
+// sum would). One conversion and one FMA per step, the units times the blocks' scales 16 blocks at a
+// time. Per 64 bytes of weights and one vector 12 operations with two planes, 15 with three.
+// One plane of a step: t + the lanes' sums of the weights lo (even elements), hi (odd) times its digits.
+FT_TARGET_AVX512_BF16 inline __m512i i8_plane(__m512i t, __m512i lo, __m512i hi, const char* p) {
+  return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(t, lo, _mm512_loadu_si512(p)), hi, _mm512_loadu_si512(p + 64));
+}
+
+template <int NV>
+FT_TARGET_AVX512_BF16 inline void step_i8(const uint8_t* w, int blocks, const __m512* ws, const void* const* xs,
+                                          size_t xo, __m512i lut, __m512* acc) {
+  const __m512i wv = fp4::load_blocks(w, blocks);
+  const __m512i lo = _mm512_permutexvar_epi8(wv, lut);
+  const __m512i hi = _mm512_permutexvar_epi8(_mm512_srli_epi16(wv, 4), lut);
+#pragma GCC unroll 8
+  for (int j = 0; j < NV; ++j) {
+    const char* rec = static_cast<const char*>(xs[j]) + xo;
+    // One chain per plane (their latency, not their operations, held these kernels back); the
+    // least significant one starts from the offset lanes.
+    const __m512i t_zero = _mm512_setzero_si512();
+    __m512i t;
+    if (*reinterpret_cast<const int32_t*>(rec + kI8Planes) == 3) {
+      const __m512i t2 = i8_plane(t_zero, lo, hi, rec), t1 = i8_plane(t_zero, lo, hi, rec + kI8Plane);
+      const __m512i t0 = i8_plane(_mm512_loadu_si512(rec + kI8Corr), lo, hi, rec + 2 * kI8Plane);
+      t = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(_mm512_slli_epi32(t2, 8), t1), 8), t0);
+    } else {
+      const __m512i t1 = i8_plane(t_zero, lo, hi, rec), t0 = i8_plane(_mm512_loadu_si512(rec + kI8Corr), lo, hi, rec + kI8Plane);
+      t = _mm512_add_epi32(_mm512_slli_epi32(t1, 8), t0);
+    }
+    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), ws[j], acc[j]);
+  }
+}
+
+template <int NV>
+FT_TARGET_AVX512_BF16 void rows_i8(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int K,
+                                   float* out, int os, const Prefetch& pw, const Prefetch& ps) {
+  const __m512i lut = fp4::e2m1_u8_table();
+  const __m512i idx[4] = {fp4::scale_index(0), fp4::scale_index(1), fp4::scale_index(2), fp4::scale_index(3)};
+  const int nb = K / 32;
+  for (int r = 0; r < nrows; ++r) {
+    const uint8_t* w = W + static_cast<size_t>(r) * (K / 2);
+    const uint8_t* s = S + static_cast<size_t>(r) * nb;
+    if (ps.dist) ps.ahead(s);
+    __m512 a0[NV], a1[NV], sx[NV], ws[NV];  // two chains per vector (the FMA latency)
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) a0[j] = a1[j] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b += 16) {
+      const __m512 sf = fp4::e8m0x16(s + b, std::min(16, nb - b));
+      const size_t go = static_cast<size_t>(b) / 16 * kI8Group;  // the group's records
+#pragma GCC unroll 8
+      for (int j = 0; j < NV; ++j) {
+        sx[j] = _mm512_mul_ps(sf, _mm512_loadu_ps(reinterpret_cast<const float*>(static_cast<const char*>(xs[j]) +
+                                                                                  go + 4 * kI8Record)));
+      }
+      if (b + 16 <= nb) {
+        const uint8_t* wp = w + 16 * b;
+        if (pw.dist) {
+          pw.ahead(wp);
+          pw.ahead(wp + 64);
+          pw.ahead(wp + 128);
+          pw.ahead(wp + 192);
+        }
+#pragma GCC unroll 2
+        for (int u = 0; u < 4; u += 2) {
+#pragma GCC unroll 8
+          for (int j = 0; j < NV; ++j) ws[j] = _mm512_permutexvar_ps(idx[u], sx[j]);
+          step_i8<NV>(wp + 64 * u, 4, ws, xs, go + u * kI8Record, lut, a0);
+#pragma GCC unroll 8
+          for (int j = 0; j < NV; ++j) ws[j] = _mm512_permutexvar_ps(idx[u + 1], sx[j]);
+          step_i8<NV>(wp + 64 * (u + 1), 4, ws, xs, go + (u + 1) * kI8Record, lut, a1);
+        }
+      } else {
+        for (int u = 0; b + 4 * u < nb; ++u) {
+          const int bu = b + 4 * u;
+          if (pw.dist) pw.ahead(w + 16 * bu);
+#pragma GCC unroll 8
+          for (int j = 0; j < NV; ++j) ws[j] = _mm512_permutexvar_ps(idx[u], sx[j]);
+          step_i8<NV>(w + 16 * bu, nb - bu, ws, xs, go + u * kI8Record, lut, a0);
+        }
+      }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) a0[j] = _mm512_add_ps(a0[j], a1[j]);
+    reduce_store_n<NV>(a0, out + r, os);
+  }
+}
+
 template <class Step>
 void dot_rows_with(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K, float* out,
                    int os, int prefetch) {
@@ -323,6 +494,7 @@ void fp8_round_trip(Isa isa, const float* v, int n, int block, float* q) {
 
 size_t vec_bytes(int K) { return (static_cast<size_t>(K) + 127) / 128 * 128 * sizeof(uint16_t); }
 size_t int16_vec_bytes(int K) { return (static_cast<size_t>(K) + 127) / 128 * kRecord; }
+size_t int8_vec_bytes(int K) { return (static_cast<size_t>(K) + 511) / 512 * kI8Group; }
 
 void bf16_layout(const float* q, int i0, int i1, void* out) {
 #if FT_X86
@@ -342,18 +514,49 @@ void fp8_prep(const float* v, int i0, int i1, int block, void* int16_out, void* 
 #endif
 }
 
+void int8_prep(const float* v, int i0, int i1, int K, int block, void* int8_out, void* bf16_out) {
+#if FT_X86
+  prep_int8_avx512(v, i0, i1, K, block, int8_out, bf16_out);
+#else
+  (void)v, (void)i0, (void)i1, (void)K, (void)block, (void)int8_out, (void)bf16_out;
+  throw Error("ds_fp4 int8 kernels need x86");
+#endif
+}
+
+void int8_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
+                         float* out, int os, int prefetch) {
+#if FT_X86
+  if (nrows <= 0 || n <= 0) return;
+  n = std::min(n, fp4::kMaxVectors);
+  const Prefetch pw(W, static_cast<size_t>(nrows) * (K / 2), prefetch);
+  const Prefetch ps(S, static_cast<size_t>(nrows) * (K / 32), prefetch / 16);
+  dispatch_n(n, [&](auto nv) { rows_i8<decltype(nv)::value>(W, S, nrows, xs, K, out, os, pw, ps); });
+#else
+  (void)W, (void)S, (void)nrows, (void)xs, (void)n, (void)K, (void)out, (void)os, (void)prefetch;
+  throw Error("ds_fp4 int8 kernels need x86");
+#endif
+}
+
 Kernels choose_kernels(Isa isa) {
   const std::string v = amx::kernel_choice(
       "FT_CPU_MOE_DSFP4_KERNELS", isa,
-      {{"fp32", Isa::scalar}, {"bf16", Isa::avx512_bf16}, {"int16", Isa::avx2}, {"amx", Isa::avx512_bf16}},
-      "auto, fp32, bf16, int16 or amx");
+      {{"fp32", Isa::scalar},
+       {"bf16", Isa::avx512_bf16},
+       {"int16", Isa::avx2},
+       {"int8", Isa::avx512_bf16},
+       {"amx", Isa::avx512_bf16}},
+      "auto, fp32, bf16, int16, int8 or amx");
   if (v == "auto") {
     if (isa == Isa::avx2) return Kernels::int16;
     if (isa != Isa::avx512_bf16) return Kernels::fp32;
     if (cpu_amx_bf16()) return Kernels::amx;
-    return cpu_is_intel() ? Kernels::int16 : Kernels::bf16;
+    return cpu_is_intel() ? Kernels::int8 : Kernels::bf16;
   }
-  return v == "amx" ? Kernels::amx : v == "bf16" ? Kernels::bf16 : v == "int16" ? Kernels::int16 : Kernels::fp32;
+  return v == "amx"     ? Kernels::amx
+         : v == "bf16"  ? Kernels::bf16
+         : v == "int16" ? Kernels::int16
+         : v == "int8"  ? Kernels::int8
+                        : Kernels::fp32;
 }
 
 void dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K, float* out,

@@ -9,6 +9,9 @@
 //   int16  a record of 640 bytes a step (ds_fp4_kernels.cpp): the same word order holding the
 //          integers x >> 3, a scale per 8 elements, and x & 7 where a step needs it. Every product
 //          and the sum of a step are exact integers.
+//   int8   records of 512 bytes a step in groups of 4 (ds_fp4_kernels.cpp): the integers x (or x / 8
+//          where a step allows it) as 3 (or 2) planes of signed base-256 digits in the even / odd
+//          order of the nibbles, the lanes' offset sums, and a unit per block. Exact as int16.
 #pragma once
 
 #include <cstddef>
@@ -24,18 +27,19 @@ namespace dsfp4 {
 //   bf16   dot_rows_multi below (VDPBF16PS): avx512_bf16.
 //   int16  int16_dot_rows_multi below (VPDPWSSD; avx2_int16_dot_rows_multi with VPMADDWD in the avx2
 //          and avx512 tiers) against x, fp32 against h: avx2 and above.
+//   int8   int8_dot_rows_multi below (VPDPBUSD over digit planes) against x and h: avx512_bf16.
 //   amx    amx_dot_rows_multi below (AMX-BF16 tiles) for calls of at least amx::min_vectors() vectors,
-//          int16 / fp32 for the others (prepared vectors in two layouts): avx512_bf16 on a CPU with
-//          AMX-BF16.
-enum class Kernels { fp32, bf16, int16, amx };
-// $FT_CPU_MOE_DSFP4_KERNELS (auto, fp32, bf16, int16 or amx), read when a layer is made; auto or
-// unset is int16 in the avx2 tier, fp32 in scalar and avx512, and in avx512_bf16 amx where the CPU
-// has AMX-BF16, else int16 on Intel (where VDPBF16PS costs ~2.5 cycles) and bf16 on AMD. Asking for
+//          int8 for the others (prepared vectors in two layouts): avx512_bf16 on a CPU with AMX-BF16.
+enum class Kernels { fp32, bf16, int16, int8, amx };
+// $FT_CPU_MOE_DSFP4_KERNELS (auto, fp32, bf16, int16, int8 or amx), read when a layer is made; auto
+// or unset is int16 in the avx2 tier, fp32 in scalar and avx512, and in avx512_bf16 amx where the CPU
+// has AMX-BF16, else int8 on Intel (where VDPBF16PS costs ~2.5 cycles) and bf16 on AMD. Asking for
 // kernels the tier or the CPU cannot run raises.
 Kernels choose_kernels(Isa isa);
 
 size_t vec_bytes(int K);        // bf16 layout
 size_t int16_vec_bytes(int K);  // int16 records
+size_t int8_vec_bytes(int K);   // int8 records
 // fp4_common.h's fp8_round_trip, bit for bit, in AVX-512 code for the avx512 tiers (blocks of
 // `block` from v[0]; 128 must be a multiple of block). The scalar round trip of x and h cost ~15 us
 // of a decode step on the GPU machine's Xeon.
@@ -46,6 +50,10 @@ void fp8_round_trip(Isa isa, const float* v, int n, int block, float* q);
 // [i0, i1) given as v[i - i0], i0 a multiple of 128, i1 a multiple of 128 or the end. AVX-512 (the
 // tier of these kernels); the scalar round trip spent more than the down rows' kernel.
 void fp8_prep(const float* v, int i0, int i1, int block, void* int16_out, void* bf16_out);
+// The same round trip into the int8 records of a vector of K elements (and, if bf16_out, the bf16
+// layout): elements [i0, i1) as fp8_prep takes them. The call holding the vector's end also defines
+// the record's unused tail.
+void int8_prep(const float* v, int i0, int i1, int K, int block, void* int8_out, void* bf16_out);
 // Round-tripped values q[0, i1 - i0) of elements [i0, i1) (i0 a multiple of 128, i1 a multiple of 128
 // or the end) into the bf16 layout: their top 16 bits, exact. AVX-512.
 void bf16_layout(const float* q, int i0, int i1, void* out);
@@ -58,6 +66,9 @@ void dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* c
 // The same against int16 records.
 void int16_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
                           float* out, int os, int prefetch);
+// The same against int8 records.
+void int8_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
+                         float* out, int os, int prefetch);
 // The avx2 tier's int16 records (records of 64 elements, int16_vec_bytes(K) bytes in all) and kernels
 // (VPMADDWD; ds_fp4_avx2.cpp). avx2_int16_prep: elements [i0, i1) given as v[i - i0] (i0 a multiple
 // of 128, i1 a multiple of 32) through the fp8 round trip (fp4_common.h's, bit for bit, in AVX2 code)

@@ -25,6 +25,12 @@ FT_TARGET_AVX512 inline __m512i scale_index(int u) {
                           _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2));
 }
 
+// The byte table 12 + 2 * e2m1 (0..24: unsigned for VPDPBUSD, offset 12), repeated every 16 bytes so
+// that VPERMB, which reads the low 6 bits of each index byte, needs no mask on a nibble.
+FT_TARGET_AVX512 inline __m512i e2m1_u8_table() {
+  return _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+}
+
 // Tail loads: the bytes of the blocks left in the row, zeros after (value 0 against a zero-padded x).
 FT_TARGET_AVX512 inline __m512i load_blocks(const uint8_t* w, int blocks) {
   if (blocks >= 4) return _mm512_loadu_si512(w);

@@ -361,10 +361,6 @@ FT_TARGET_AVX512_BF16 void dot_rows_multi_bf16(const uint8_t* W, const uint8_t* 
 // step and vector: 2 VPDPBUSD, a conversion, a VPERMPS (the blocks' scales times dx, multiplied 16
 // blocks at a time) and an FMA; with the lookups and a shift about 8 operations per 64 bytes.
 
-FT_TARGET_AVX512_BF16 inline __m512i e2m1_u8_table() {
-  return _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-}
-
 // One step (4 blocks at w, `blocks` of them left in the row) against the vectors' records at xo; ws[j]:
 // lane m the scale of block m / 4 of the step times vector j's dx.
 template <int NV>
