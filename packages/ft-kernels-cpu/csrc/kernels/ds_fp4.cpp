@@ -3,11 +3,11 @@
 // before each GEMM, with one power-of-two scale per block of `act_block` elements (fp4_common.h,
 // fp8_round_trip): x before gate/up (prep_input), the activated intermediate before down
 // (prep_inter). The round-tripped values are q * 2^k with a 4-bit significand, exact in bf16 and as
-// integers in units of 2^-9 of their scale, so the kernels lose nothing by holding them as bf16 or
-// int16. Kernels (ds_fp4_kernels.h, choose_kernels): in the avx512_bf16 tier, where the CPU has AMX
-// tiles, those (ds_fp4_amx.cpp) for calls of 4 or more vectors, for the rest the int16 kernels
-// (VPDPWSSD, ds_fp4_kernels.cpp) against x and fp4_kernels.cpp's fp32 kernels against h; without AMX
-// the same int16 / fp32 pair on Intel and VDPBF16PS on AMD; in the avx2 tier int16 kernels (VPMADDWD,
+// integers in units of 2^-9 of their scale, so the kernels lose nothing by holding them as bf16,
+// int16 or int8 digit planes. Kernels (ds_fp4_kernels.h, choose_kernels): in the avx512_bf16 tier,
+// where the CPU has AMX tiles, those (ds_fp4_amx.cpp) for calls of 4 or more vectors, for the rest
+// the int8 kernels (VPDPBUSD over digit planes, ds_fp4_kernels.cpp) against x and h; without AMX the
+// int8 kernels on Intel and VDPBF16PS on AMD; in the avx2 tier int16 kernels (VPMADDWD,
 // ds_fp4_avx2.cpp) against both; the fp32 kernels in the avx512 and scalar tiers.
 //
 // Banks (E experts, H hidden, I intermediate; H and I multiples of 32):
@@ -124,13 +124,15 @@ class DsFp4Format final : public MoeFormat {
     Layout large;
     int large_from;  // 0: one layout
   };
-  // int16: x in int16 records (avx512_bf16: VPDPWSSD, ~15 operations per 64 bytes of weights against
-  // ~25 for the fp32 kernels; avx2: VPMADDWD, ~22 per 32 bytes against ~40). h is too in the avx2
-  // tier, but in the fp32 layout in avx512_bf16: about 90% of h's steps need the records' low part (h
-  // spans more than 11 binades of its block's largest element; x 4-8%), which made the Xeon's down
-  // rows slower than its fp32 kernels, while on Zen 3 the int16 down rows of one vector still beat
-  // the avx2 fp32 kernels. There, from 4 vectors for x and 2 for h, the fp32 kernels win (batch 8
-  // sharing its experts: 10.3 ms a step with int16 against 8.5 with fp32; docs/benchmarks.md).
+  // int8: x and h in int8 digit planes (VPDPBUSD; 12 operations per 64 bytes of weights with two
+  // planes, 15 with three, against ~25 for the fp32 kernels).
+  // int16: x in int16 records (avx512_bf16: VPDPWSSD, ~19 operations per 64 bytes (VPERMW is two
+  // uops); avx2: VPMADDWD, ~22 per 32 bytes against ~40). h is too in the avx2 tier, but in the fp32
+  // layout in avx512_bf16: about 90% of h's steps need the records' low part (h spans more than 11
+  // binades of its block's largest element; x 4-8%), which made the Xeon's down rows slower than its
+  // fp32 kernels, while on Zen 3 the int16 down rows of one vector still beat the avx2 fp32 kernels.
+  // There, from 4 vectors for x and 2 for h, the fp32 kernels win (batch 8 sharing its experts: 10.3
+  // ms a step with int16 against 8.5 with fp32; docs/benchmarks.md).
   static Plan plan(dsfp4::Kernels k, Isa isa, bool x, int amx_min) {
     switch (k) {
       case dsfp4::Kernels::fp32: return {Layout::fp32, Layout::fp32, 0};

@@ -1,4 +1,5 @@
-// ds_fp4 row kernels of the avx512_bf16 tier and the preparation of their vectors (ds_fp4_kernels.h).
+// ds_fp4 row kernels of the avx512_bf16 tier and the preparation of their vectors (ds_fp4_kernels.h):
+// bf16 and int16 kernels (below), int8 kernels (further down, after the int16 records).
 //
 // Both kernels decode a step of 4 blocks of 32 (64 bytes, one load) the same way: 3 VPSRLW + 4 VPERMW
 // turn the nibbles into 4 vectors of 32 words (word m of vector j holds element 4m + j of the step),
@@ -9,8 +10,8 @@
 //          cycles (docs/benchmarks.md), four or five FMAs.
 //   int16  the words are 2 * e2m1 as int16, the vector int16 (layout below); 4 VPDPWSSD (two per
 //          cycle on that Xeon) sum the step exactly into 16 int32 lanes, converted and scaled by one
-//          multiply and one FMA. About 15 operations per 64 bytes for one vector, against ~25 for
-//          fp4_kernels.cpp's fp32 kernels.
+//          multiply and one FMA. About 19 operations per 64 bytes for one vector (the 4 VPERMW are
+//          two uops each), against ~25 for fp4_kernels.cpp's fp32 kernels.
 // For n vectors the decoded words are shared. Every loop is unrolled over the vectors so that nothing
 // of a step lives in memory; horizontal sums once per row. The e8m0 scales come 16 blocks at a time.
 //
@@ -376,12 +377,13 @@ FT_TARGET_AVX512_BF16 void rows(const uint8_t* W, const uint8_t* S, int nrows, c
 // ---- int8 kernels: VPDPBUSD over the digit planes ----
 //
 // A step's weights are looked up as mxfp4's int8 kernels do (fp4_avx512.h's e2m1_u8_table: one
-// VPERMB per nibble, 12 + 2 * e2m1 unsigned); per vector the planes' VPDPBUSD pairs run in one chain
-// with a shift by 8 between planes, from zero, and the record's lanes take the offset off: the lane
-// sums 2 * e2m1 . X exactly (|sum| < 2^25; a lane past 2^24 rounds once in the conversion, as an fp32
-// sum would). One conversion and one FMA per step, the units times the blocks' scales 16 blocks at a
-// time. Per 64 bytes of weights and one vector 12 operations with two planes, 15 with three.
-// One plane of a step: t + the lanes' sums of the weights lo (even elements), hi (odd) times its digits.
+// VPERMB per nibble, 12 + 2 * e2m1 unsigned). Per vector each plane's VPDPBUSD pair is a chain of its
+// own, the least significant one starting from the record's offset lanes; the chains are combined
+// by shifts of 8 and adds (with three planes the top two share one chain, which saves an add). The lanes then hold 2 * e2m1 . X exactly (|sum| < 2^25; a lane
+// past 2^24 rounds once in the conversion, as an fp32 sum would). One conversion and one FMA per
+// step, the units times the blocks' scales 16 blocks at a time. Per 64 bytes of weights and one
+// vector: 2 VPERMB, a shift and a VPERMPS, and 4 VPDPBUSD, a shift, an add, a conversion and an FMA
+// with two planes (12), 15 with three.
 FT_TARGET_AVX512_BF16 inline __m512i i8_plane(__m512i t, __m512i lo, __m512i hi, const char* p) {
   return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(t, lo, _mm512_loadu_si512(p)), hi, _mm512_loadu_si512(p + 64));
 }
@@ -395,16 +397,15 @@ FT_TARGET_AVX512_BF16 inline void step_i8(const uint8_t* w, int blocks, const __
 #pragma GCC unroll 8
   for (int j = 0; j < NV; ++j) {
     const char* rec = static_cast<const char*>(xs[j]) + xo;
-    // One chain per plane (their latency, not their operations, held these kernels back); the
-    // least significant one starts from the offset lanes.
     const __m512i t_zero = _mm512_setzero_si512();
     __m512i t;
     if (*reinterpret_cast<const int32_t*>(rec + kI8Planes) == 3) {
-      const __m512i t2 = i8_plane(t_zero, lo, hi, rec), t1 = i8_plane(t_zero, lo, hi, rec + kI8Plane);
+      const __m512i t21 = i8_plane(_mm512_slli_epi32(i8_plane(t_zero, lo, hi, rec), 8), lo, hi, rec + kI8Plane);
       const __m512i t0 = i8_plane(_mm512_loadu_si512(rec + kI8Corr), lo, hi, rec + 2 * kI8Plane);
-      t = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(_mm512_slli_epi32(t2, 8), t1), 8), t0);
+      t = _mm512_add_epi32(_mm512_slli_epi32(t21, 8), t0);
     } else {
-      const __m512i t1 = i8_plane(t_zero, lo, hi, rec), t0 = i8_plane(_mm512_loadu_si512(rec + kI8Corr), lo, hi, rec + kI8Plane);
+      const __m512i t1 = i8_plane(t_zero, lo, hi, rec);
+      const __m512i t0 = i8_plane(_mm512_loadu_si512(rec + kI8Corr), lo, hi, rec + kI8Plane);
       t = _mm512_add_epi32(_mm512_slli_epi32(t1, 8), t0);
     }
     acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), ws[j], acc[j]);
