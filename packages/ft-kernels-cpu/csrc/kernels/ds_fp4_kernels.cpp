@@ -377,13 +377,16 @@ FT_TARGET_AVX512_BF16 void rows(const uint8_t* W, const uint8_t* S, int nrows, c
 // ---- int8 kernels: VPDPBUSD over the digit planes ----
 //
 // A step's weights are looked up as mxfp4's int8 kernels do (fp4_avx512.h's e2m1_u8_table: one
-// VPERMB per nibble, 12 + 2 * e2m1 unsigned). Per vector each plane's VPDPBUSD pair is a chain of its
-// own, the least significant one starting from the record's offset lanes; the chains are combined
-// by shifts of 8 and adds (with three planes the top two share one chain, which saves an add). The lanes then hold 2 * e2m1 . X exactly (|sum| < 2^25; a lane
-// past 2^24 rounds once in the conversion, as an fp32 sum would). One conversion and one FMA per
-// step, the units times the blocks' scales 16 blocks at a time. Per 64 bytes of weights and one
-// vector: 2 VPERMB, a shift and a VPERMPS, and 4 VPDPBUSD, a shift, an add, a conversion and an FMA
-// with two planes (12), 15 with three.
+// VPERMB per nibble, 12 + 2 * e2m1 unsigned). Per vector each plane's VPDPBUSD pair is a chain of
+// its own, the least significant one starting from the record's offset lanes; the chains are
+// combined by shifts of 8 and adds (with three planes the top two share one chain, which saves an
+// add). The lanes then hold 2 * e2m1 . X exactly (|sum| < 2^25; a lane past 2^24 rounds once in the
+// conversion, as an fp32 sum would). One conversion and one FMA per step, the units times the
+// blocks' scales 16 blocks at a time. Per 64 bytes of weights and one vector: 2 VPERMB, a shift and
+// a VPERMPS, and 4 VPDPBUSD, a shift, an add, a conversion and an FMA with two planes (12), 15 with
+// three.
+
+// One plane of a step: t + the lanes' sums of the weights lo (even elements), hi (odd) times its digits.
 FT_TARGET_AVX512_BF16 inline __m512i i8_plane(__m512i t, __m512i lo, __m512i hi, const char* p) {
   return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(t, lo, _mm512_loadu_si512(p)), hi, _mm512_loadu_si512(p + 64));
 }
