@@ -391,9 +391,11 @@ FT_TARGET_AVX512_BF16 inline __m512i i8_plane(__m512i t, __m512i lo, __m512i hi,
   return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(t, lo, _mm512_loadu_si512(p)), hi, _mm512_loadu_si512(p + 64));
 }
 
+// One step of NV vectors: sx[j] the group's units times the weight scales of vector j, permuted to
+// the step's lanes by idx (in the loop, so that 8 vectors need no array of them).
 template <int NV>
-FT_TARGET_AVX512_BF16 inline void step_i8(const uint8_t* w, int blocks, const __m512* ws, const void* const* xs,
-                                          size_t xo, __m512i lut, __m512* acc) {
+FT_TARGET_AVX512_BF16 inline void step_i8(const uint8_t* w, int blocks, const __m512* sx, __m512i idx,
+                                          const void* const* xs, size_t xo, __m512i lut, __m512* acc) {
   const __m512i wv = fp4::load_blocks(w, blocks);
   const __m512i lo = _mm512_permutexvar_epi8(wv, lut);
   const __m512i hi = _mm512_permutexvar_epi8(_mm512_srli_epi16(wv, 4), lut);
@@ -411,7 +413,7 @@ FT_TARGET_AVX512_BF16 inline void step_i8(const uint8_t* w, int blocks, const __
       const __m512i t0 = i8_plane(_mm512_loadu_si512(rec + kI8Corr), lo, hi, rec + kI8Plane);
       t = _mm512_add_epi32(_mm512_slli_epi32(t1, 8), t0);
     }
-    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), ws[j], acc[j]);
+    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_permutexvar_ps(idx, sx[j]), acc[j]);
   }
 }
 
@@ -421,11 +423,15 @@ FT_TARGET_AVX512_BF16 void rows_i8(const uint8_t* W, const uint8_t* S, int nrows
   const __m512i lut = fp4::e2m1_u8_table();
   const __m512i idx[4] = {fp4::scale_index(0), fp4::scale_index(1), fp4::scale_index(2), fp4::scale_index(3)};
   const int nb = K / 32;
+  // Two accumulator chains per vector for n <= 2 (the FMA latency); from 3 vectors on the vectors
+  // themselves are enough independent chains, and one set leaves registers for the rest (two sets
+  // of 8 spilled: batch 8 ran slower than the AMX tiles by more).
+  constexpr bool two = NV <= 2;
   for (int r = 0; r < nrows; ++r) {
     const uint8_t* w = W + static_cast<size_t>(r) * (K / 2);
     const uint8_t* s = S + static_cast<size_t>(r) * nb;
     if (ps.dist) ps.ahead(s);
-    __m512 a0[NV], a1[NV], sx[NV], ws[NV];  // two chains per vector (the FMA latency)
+    __m512 a0[NV], a1[NV], sx[NV];
 #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) a0[j] = a1[j] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b += 16) {
@@ -446,25 +452,21 @@ FT_TARGET_AVX512_BF16 void rows_i8(const uint8_t* W, const uint8_t* S, int nrows
         }
 #pragma GCC unroll 2
         for (int u = 0; u < 4; u += 2) {
-#pragma GCC unroll 8
-          for (int j = 0; j < NV; ++j) ws[j] = _mm512_permutexvar_ps(idx[u], sx[j]);
-          step_i8<NV>(wp + 64 * u, 4, ws, xs, go + u * kI8Record, lut, a0);
-#pragma GCC unroll 8
-          for (int j = 0; j < NV; ++j) ws[j] = _mm512_permutexvar_ps(idx[u + 1], sx[j]);
-          step_i8<NV>(wp + 64 * (u + 1), 4, ws, xs, go + (u + 1) * kI8Record, lut, a1);
+          step_i8<NV>(wp + 64 * u, 4, sx, idx[u], xs, go + u * kI8Record, lut, a0);
+          step_i8<NV>(wp + 64 * (u + 1), 4, sx, idx[u + 1], xs, go + (u + 1) * kI8Record, lut, two ? a1 : a0);
         }
       } else {
         for (int u = 0; b + 4 * u < nb; ++u) {
           const int bu = b + 4 * u;
           if (pw.dist) pw.ahead(w + 16 * bu);
-#pragma GCC unroll 8
-          for (int j = 0; j < NV; ++j) ws[j] = _mm512_permutexvar_ps(idx[u], sx[j]);
-          step_i8<NV>(w + 16 * bu, nb - bu, ws, xs, go + u * kI8Record, lut, a0);
+          step_i8<NV>(w + 16 * bu, nb - bu, sx, idx[u], xs, go + u * kI8Record, lut, a0);
         }
       }
     }
+    if constexpr (two) {
 #pragma GCC unroll 8
-    for (int j = 0; j < NV; ++j) a0[j] = _mm512_add_ps(a0[j], a1[j]);
+      for (int j = 0; j < NV; ++j) a0[j] = _mm512_add_ps(a0[j], a1[j]);
+    }
     reduce_store_n<NV>(a0, out + r, os);
   }
 }
