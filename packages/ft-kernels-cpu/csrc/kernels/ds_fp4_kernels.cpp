@@ -155,6 +155,16 @@ FT_TARGET_AVX512 void store_int16(const __m512* r, const float* s, char* rec) {
   }
 }
 
+// VPERMT2B indices of the even and the odd bytes of two vectors.
+struct EvenOdd {
+  alignas(64) uint8_t even[64];
+  alignas(64) uint8_t odd[64];
+  constexpr EvenOdd() : even(), odd() {
+    for (int k = 0; k < 64; ++k) even[k] = static_cast<uint8_t>(2 * k), odd[k] = static_cast<uint8_t>(2 * k + 1);
+  }
+};
+constexpr EvenOdd kEvenOdd{};
+
 // The int8 record of r, s (e4m3_step) as step st of the vector at vec. X = q * 2^9 (|X| < 2^18);
 // when every X of the step is a multiple of 8 (no e4m3 value below 2^-3 of its scale: 2^-11 of the
 // block's largest), the record holds X / 8 in two planes (|X / 8| <= 28672), else X in three.
@@ -180,9 +190,7 @@ FT_TARGET_AVX512_BF16 void store_int8(const __m512* r, const float* s, char* vec
       _mm_store_si128(reinterpret_cast<__m128i*>(digits[p] + 16 * i), _mm512_cvtepi32_epi8(d[p + 3 - planes]));
     }
   }
-  alignas(64) uint8_t even[64], odd[64];
-  for (int k = 0; k < 64; ++k) even[k] = static_cast<uint8_t>(2 * k), odd[k] = static_cast<uint8_t>(2 * k + 1);
-  const __m512i ie = _mm512_load_si512(even), io = _mm512_load_si512(odd);
+  const __m512i ie = _mm512_load_si512(kEvenOdd.even), io = _mm512_load_si512(kEvenOdd.odd);
   // The lanes' sums of X by the kernels' own chain with 12 for every weight.
   const __m512i twelve = _mm512_set1_epi8(12);
   char* rec = vec + i8_step_offset(st);
