@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "amx_tiles.h"
 #include "dispatch_n.h"
@@ -432,8 +433,9 @@ FT_TARGET_AVX512_BF16 void rows_i8(const uint8_t* W, const uint8_t* S, int nrows
   const __m512i idx[4] = {fp4::scale_index(0), fp4::scale_index(1), fp4::scale_index(2), fp4::scale_index(3)};
   const int nb = K / 32;
   // Two accumulator chains per vector for n <= 2 (the FMA latency); from 3 vectors on the vectors
-  // themselves are enough independent chains, and one set leaves registers for the rest (two sets
-  // of 8 spilled: batch 8 ran slower than the AMX tiles by more).
+  // themselves are enough independent chains, and one set leaves registers for the rest (with two
+  // sets of 8 vectors spilling, batch 8 shared on int8 alone took 3903 us a step on the dev box,
+  // with one 3572-3711; docs/benchmarks.md).
   constexpr bool two = NV <= 2;
   for (int r = 0; r < nrows; ++r) {
     const uint8_t* w = W + static_cast<size_t>(r) * (K / 2);
@@ -479,6 +481,10 @@ FT_TARGET_AVX512_BF16 void rows_i8(const uint8_t* W, const uint8_t* S, int nrows
   }
 }
 
+struct Int8Step {};  // dot_rows_with's tag for rows_i8
+
+// The streams of a call and its vector count as a template argument: rows<Step, NV> (bf16, int16),
+// rows_i8<NV> for Int8Step.
 template <class Step>
 void dot_rows_with(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K, float* out,
                    int os, int prefetch) {
@@ -486,7 +492,13 @@ void dot_rows_with(const uint8_t* W, const uint8_t* S, int nrows, const void* co
   n = std::min(n, fp4::kMaxVectors);
   const Prefetch pw(W, static_cast<size_t>(nrows) * (K / 2), prefetch);
   const Prefetch ps(S, static_cast<size_t>(nrows) * (K / 32), prefetch / 16);
-  dispatch_n(n, [&](auto nv) { rows<Step, decltype(nv)::value>(W, S, nrows, xs, K, out, os, pw, ps); });
+  dispatch_n(n, [&](auto nv) {
+    if constexpr (std::is_same_v<Step, Int8Step>) {
+      rows_i8<decltype(nv)::value>(W, S, nrows, xs, K, out, os, pw, ps);
+    } else {
+      rows<Step, decltype(nv)::value>(W, S, nrows, xs, K, out, os, pw, ps);
+    }
+  });
 }
 
 #endif  // FT_X86
@@ -540,11 +552,7 @@ void int8_prep(const float* v, int i0, int i1, int K, int block, void* int8_out,
 void int8_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
                          float* out, int os, int prefetch) {
 #if FT_X86
-  if (nrows <= 0 || n <= 0) return;
-  n = std::min(n, fp4::kMaxVectors);
-  const Prefetch pw(W, static_cast<size_t>(nrows) * (K / 2), prefetch);
-  const Prefetch ps(S, static_cast<size_t>(nrows) * (K / 32), prefetch / 16);
-  dispatch_n(n, [&](auto nv) { rows_i8<decltype(nv)::value>(W, S, nrows, xs, K, out, os, pw, ps); });
+  dot_rows_with<Int8Step>(W, S, nrows, xs, n, K, out, os, prefetch);
 #else
   (void)W, (void)S, (void)nrows, (void)xs, (void)n, (void)K, (void)out, (void)os, (void)prefetch;
   throw Error("ds_fp4 int8 kernels need x86");
