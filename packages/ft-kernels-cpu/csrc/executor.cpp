@@ -170,23 +170,28 @@ static int default_threads() {
   return std::max(1, cores - 1);
 }
 
-// Software prefetch distance of the weight streams, by vendor, as measured with the bench
-// (docs/benchmarks.md). On the Xeon of the GPU machine the hardware prefetchers, which stop at every
-// 4 KiB page, left the kernels at 0.64-0.68 of the read bandwidth; 8 KiB ahead lifted them to
-// 0.85-0.89 (16 KiB: 0.85, 4 KiB: 0.85). On Zen 5 any software prefetch cost 5-10%.
-static int default_prefetch() { return cpu_is_intel() ? 8192 : 0; }
+// Software prefetch distance of the weight streams, as measured with the bench (docs/benchmarks.md).
+// On the Xeon of the GPU machine the hardware prefetchers, which stop at every 4 KiB page, left the
+// kernels at 0.64-0.68 of the read bandwidth; 8 KiB ahead lifted them to 0.85-0.89 (16 KiB: 0.85,
+// 4 KiB: 0.85). On a 2-core Zen 4 the quantized formats gained too (q4_0 and gguf 19-21 -> 25-29
+// GB/s of weights, with the two levels below; thirteenth session). A format may use less: bf16
+// keeps to the hardware prefetchers on AMD, where a software prefetch cost its rows 5-10% on Zen 5
+// and Zen 4 (MoeFormat::prefetch_bytes).
+static int default_prefetch() { return 8192; }
 
-// The L1 distance of the two-level prefetch (stream_prefetch.h), by vendor and pool size, as measured
-// with the bench (docs/benchmarks.md, tenth session). 2-core Xeon, 2 threads: 1 KiB (0.5 and 2 KiB the
-// same within the noise) took the quantized formats' batch 1 from ~0.6 to 0.77-0.81 of the read
-// bandwidth and bf16 from 0.87 to 0.95. The GPU machine's 16-core Xeon: at 2 threads bf16 and
-// fp8_block gained 0.03-0.05 and q4_0 / gguf stayed within the noise; at 8 threads bf16 gained 0.1
-// while q4_0, gguf and fp8_block lost 0.02-0.05; at 16 threads bf16 stayed and the quantized formats
-// lost 0.01-0.05. So two levels for pools of up to 4 threads, one above, except for formats that ask
-// for them at any pool size (bf16: 0.87 -> 0.93 at 15 threads, 0.89 -> 0.91 at 16).
+// The L1 distance of the two-level prefetch (stream_prefetch.h), by pool size, as measured with the
+// bench (docs/benchmarks.md, tenth and thirteenth sessions). 2-core Xeon, 2 threads: 1 KiB (0.5 and
+// 2 KiB the same within the noise) took the quantized formats' batch 1 from ~0.6 to 0.77-0.81 of the
+// read bandwidth and bf16 from 0.87 to 0.95; 2-core Zen 4, 2 threads: fp8_block 24-26 -> 28 GB/s,
+// nvfp4 21-23 -> 24-25, q4_0 and gguf as above (0.5 and 2 KiB again the same within the noise). The
+// GPU machine's 16-core Xeon: at 2 threads bf16 and fp8_block gained 0.03-0.05 and q4_0 / gguf stayed
+// within the noise; at 8 threads bf16 gained 0.1 while q4_0, gguf and fp8_block lost 0.02-0.05; at 16
+// threads bf16 stayed and the quantized formats lost 0.01-0.05. So two levels for pools of up to 4
+// threads, one above, except for formats that ask for them at any pool size (bf16 on Intel: 0.87 ->
+// 0.93 at 15 threads, 0.89 -> 0.91 at 16). Larger pools on AMD were not measured.
 constexpr int kTwoLevelMaxThreads = 4;
 static int default_prefetch_l1(int threads, bool any_pool) {
-  return cpu_is_intel() && (any_pool || threads <= kTwoLevelMaxThreads) ? 1024 : 0;
+  return any_pool || threads <= kTwoLevelMaxThreads ? 1024 : 0;
 }
 
 static bool env_set(const char* name) {
@@ -214,7 +219,7 @@ static int env_prefetch(const char* name, int fallback) {
   return checked_prefetch(name, v);
 }
 
-// prefetch_bytes, else $FT_CPU_MOE_PREFETCH, else the vendor default.
+// prefetch_bytes, else $FT_CPU_MOE_PREFETCH, else the default.
 static int resolve_prefetch(int requested) {
   if (requested >= 0) return checked_prefetch("prefetch_bytes", requested);
   return env_prefetch("FT_CPU_MOE_PREFETCH", default_prefetch());
@@ -340,9 +345,11 @@ void MoeExecutor::add_layer(int layer, const std::string& format, int num_expert
   L.rows2 = rows2;
   L.rows2_fixed = unit_rows2_ != 0;
   L.prep_rows = prep_rows;
-  L.prefetch_l1 = prefetch_l1_explicit_
-                      ? prefetch_l1_
-                      : default_prefetch_l1(pool_.num_threads(), L.fmt->two_level_prefetch_any_pool());
+  L.prefetch = L.fmt->prefetch_bytes(L.params);
+  // Unless the variable is set, a layer without software prefetch has no L1 level to report.
+  L.prefetch_l1 = prefetch_l1_explicit_ ? prefetch_l1_
+                  : L.prefetch == 0     ? 0
+                                        : default_prefetch_l1(pool_.num_threads(), L.fmt->two_level_prefetch_any_pool());
 
   // Grow scratch to cover this layer.
   const size_t routes = static_cast<size_t>(max_tokens_) * top_k_;
@@ -371,6 +378,7 @@ const MoeExecutor::Layer& MoeExecutor::layer_at(int layer) const {
 
 std::string MoeExecutor::layer_format(int layer) const { return layer_at(layer).format_name; }
 
+int MoeExecutor::layer_prefetch_bytes(int layer) const { return layer_at(layer).prefetch; }
 int MoeExecutor::layer_prefetch_l1_bytes(int layer) const { return layer_at(layer).prefetch_l1; }
 
 void MoeExecutor::run(const ft_moe_task& task) {

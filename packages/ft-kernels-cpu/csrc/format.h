@@ -61,7 +61,7 @@ struct MoeParams {
   bool router_weight_on_input = false;
   int prefetch = 0;  // software prefetch distance of weight streams, bytes (0: hardware prefetch only)
   // True when prefetch was set by the caller (prefetch_bytes / FT_CPU_MOE_PREFETCH); false when it is
-  // the executor's vendor default, which a format may replace with its own measured default.
+  // the executor's default, which a format may replace with its own measured one (prefetch_bytes).
   bool prefetch_explicit = false;
 };
 
@@ -96,6 +96,10 @@ class MoeFormat {
   // True for a format whose rows gain from the two-level prefetch (stream_prefetch.h) on Intel at any
   // pool size; the others take it in pools of up to 4 threads only (MoeExecutor, docs/benchmarks.md).
   virtual bool two_level_prefetch_any_pool() const { return false; }
+  // The software prefetch distance this format's kernels use for a layer of params p: p.prefetch,
+  // unless the format measured better with another when the caller set none (bf16 on AMD: 0).
+  // MoeExecutor::layer_prefetch_bytes reports it.
+  virtual int prefetch_bytes(const MoeParams& p) const { return p.prefetch; }
 
   // Once per task, on the calling thread, before pass 1.
   virtual void prep_input(const TaskInput& /*in*/) {}

@@ -187,11 +187,11 @@ class Bf16Format final : public MoeFormat {
     const uint16_t* base = w13_ + static_cast<size_t>(e) * 2 * I * H;
     const int n = i1 - i0;
     if (use_bf16_dot()) {
-      bf16_dot_rows_bf16(base + i0 * H, H, n, in.x_bf16 + t * H, H, gate, p_.prefetch);
-      bf16_dot_rows_bf16(base + (I + i0) * H, H, n, in.x_bf16 + t * H, H, up, p_.prefetch);
+      bf16_dot_rows_bf16(base + i0 * H, H, n, in.x_bf16 + t * H, H, gate, pf_);
+      bf16_dot_rows_bf16(base + (I + i0) * H, H, n, in.x_bf16 + t * H, H, up, pf_);
     } else {
-      bf16_dot_rows_f32(p_.isa, base + i0 * H, H, n, in.x_f32 + t * H, H, gate, p_.prefetch);
-      bf16_dot_rows_f32(p_.isa, base + (I + i0) * H, H, n, in.x_f32 + t * H, H, up, p_.prefetch);
+      bf16_dot_rows_f32(p_.isa, base + i0 * H, H, n, in.x_f32 + t * H, H, gate, pf_);
+      bf16_dot_rows_f32(p_.isa, base + (I + i0) * H, H, n, in.x_f32 + t * H, H, up, pf_);
     }
     const float* bg = b13_ ? b13_ + static_cast<size_t>(e) * 2 * I + i0 : nullptr;
     for (int i = 0; i < n; ++i) {
@@ -212,13 +212,13 @@ class Bf16Format final : public MoeFormat {
     if (use_bf16_dot()) {
       const uint16_t* xs[kMaxTokensPerCall];
       for (int j = 0; j < n; ++j) xs[j] = in.x_bf16 + tokens[j] * H;
-      bf16_dot_rows_multi_bf16(base + i0 * H, H, rows, xs, n, H, gate, stride, p_.prefetch);
-      bf16_dot_rows_multi_bf16(base + (I + i0) * H, H, rows, xs, n, H, up, stride, p_.prefetch);
+      bf16_dot_rows_multi_bf16(base + i0 * H, H, rows, xs, n, H, gate, stride, pf_);
+      bf16_dot_rows_multi_bf16(base + (I + i0) * H, H, rows, xs, n, H, up, stride, pf_);
     } else {
       const float* xs[kMaxTokensPerCall];
       for (int j = 0; j < n; ++j) xs[j] = in.x_f32 + tokens[j] * H;
-      bf16_dot_rows_multi_f32(p_.isa, base + i0 * H, H, rows, xs, n, H, gate, stride, p_.prefetch);
-      bf16_dot_rows_multi_f32(p_.isa, base + (I + i0) * H, H, rows, xs, n, H, up, stride, p_.prefetch);
+      bf16_dot_rows_multi_f32(p_.isa, base + i0 * H, H, rows, xs, n, H, gate, stride, pf_);
+      bf16_dot_rows_multi_f32(p_.isa, base + (I + i0) * H, H, rows, xs, n, H, up, stride, pf_);
     }
     const float* bg = b13_ ? b13_ + static_cast<size_t>(e) * 2 * I + i0 : nullptr;
     for (int j = 0; j < n; ++j) {
@@ -237,18 +237,18 @@ class Bf16Format final : public MoeFormat {
     const uint16_t* w = w2_ + static_cast<size_t>(e) * H * I + static_cast<size_t>(h0) * I;
     if (n == 1) {
       if (use_bf16_dot()) {
-        bf16_dot_rows_bf16(w, I, rows, static_cast<const uint16_t*>(routes[0].h_prepped), I, out, p_.prefetch);
+        bf16_dot_rows_bf16(w, I, rows, static_cast<const uint16_t*>(routes[0].h_prepped), I, out, pf_);
       } else {
-        bf16_dot_rows_f32(p_.isa, w, I, rows, routes[0].h, I, out, p_.prefetch);
+        bf16_dot_rows_f32(p_.isa, w, I, rows, routes[0].h, I, out, pf_);
       }
     } else if (use_bf16_dot()) {
       const uint16_t* hs[kMaxTokensPerCall];
       for (int j = 0; j < n; ++j) hs[j] = static_cast<const uint16_t*>(routes[j].h_prepped);
-      bf16_dot_rows_multi_bf16(w, I, rows, hs, n, I, out, stride, p_.prefetch);
+      bf16_dot_rows_multi_bf16(w, I, rows, hs, n, I, out, stride, pf_);
     } else {
       const float* hs[kMaxTokensPerCall];
       for (int j = 0; j < n; ++j) hs[j] = routes[j].h;
-      bf16_dot_rows_multi_f32(p_.isa, w, I, rows, hs, n, I, out, stride, p_.prefetch);
+      bf16_dot_rows_multi_f32(p_.isa, w, I, rows, hs, n, I, out, stride, pf_);
     }
     if (b2_) {
       const float* b = b2_ + static_cast<size_t>(e) * H + h0;
@@ -270,12 +270,19 @@ class Bf16Format final : public MoeFormat {
   // bandwidth at 8 threads (2 rounds), 0.87 -> 0.93 at 15 and 0.89 -> 0.91 at 16 (medians of 3;
   // docs/benchmarks.md, tenth session).
   bool two_level_prefetch_any_pool() const override { return true; }
+  // No software prefetch on AMD unless the caller sets a distance: there a single row stream reaches
+  // the read bandwidth on its own, and prefetching cost 5-10% (Zen 5, one level) and 0.99 -> 0.87 of
+  // the read bandwidth (Zen 4, 2 threads, 8192 with the L1 level; docs/benchmarks.md).
+  int prefetch_bytes(const MoeParams& p) const override {
+    return p.prefetch_explicit || cpu_is_intel() ? p.prefetch : 0;
+  }
 
  private:
   static constexpr int kMaxPass2Rows = 16;
   bool use_bf16_dot() const { return p_.isa == Isa::avx512_bf16; }
 
   MoeParams p_;
+  int pf_ = Bf16Format::prefetch_bytes(p_);  // after p_ (declaration order)
   const uint16_t* w13_;
   const uint16_t* w2_;
   const float* b13_;

@@ -219,7 +219,7 @@ class DsFp4Format final : public MoeFormat {
   static constexpr int kPass2Rows = 64;  // down rows per unit: one stream of 64 rows per route
 
   MoeParams p_;
-  int pf_ = fp4::prefetch_distance(p_.prefetch, p_.prefetch_explicit);  // after p_ (declaration order)
+  int pf_ = p_.prefetch;  // after p_ (declaration order)
   dsfp4::Kernels kernels_ = dsfp4::choose_kernels(p_.isa);
   int amx_min_ = kernels_ == dsfp4::Kernels::amx ? amx::min_vectors() : 0;
   Plan x_ = plan(kernels_, p_.isa, true, amx_min_), h_ = plan(kernels_, p_.isa, false, amx_min_);

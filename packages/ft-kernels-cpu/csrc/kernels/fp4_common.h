@@ -96,14 +96,6 @@ void q8a_prep_vec(const float* v, int i0, int i1, void* out);
 void q8a_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
                         float* out, int os, int prefetch);
 
-// Software prefetch distance of the FP4 weight streams: the caller's when given (0 disables), else 8 KiB.
-// The executor's default is 0 on AMD, measured for bf16 rows; these rows do several times more work
-// per byte, and on Zen 4 without software prefetch they streamed at ~0.4 of the read bandwidth (one
-// thread, 1 GiB: 10.9 GB/s against 28.9), with an L2 prefetch 8 KiB ahead at ~1.0 (25.8 GB/s).
-// So for these formats 0 means "format default", not "off".
-constexpr int kDefaultPrefetch = 8192;
-inline int prefetch_distance(int configured, bool explicit_) { return explicit_ ? configured : kDefaultPrefetch; }
-
 // Round trip through fp8 e4m3fn with one power-of-two (ue8m0) scale per block of `block` elements:
 // amax = max |v|, s = 2^ceil(log2(max(amax, 1e-4) / 448)), out = e4m3fn_rne_sat(v / s) * s. The last
 // block may be short. Exact fp32 arithmetic (the scale is a power of two), no ISA dependence.

@@ -670,7 +670,7 @@ class Fp8BlockFormat final : public MoeFormat {
   bool bf16x() const { return p_.isa == Isa::avx512_bf16; }
 
   MoeParams p_;
-  int pf_ = fp8nv::prefetch_distance(p_.prefetch, p_.prefetch_explicit);  // after p_ (declaration order)
+  int pf_ = p_.prefetch;  // after p_ (declaration order)
   int B_;
   // Vectors per call from which the AMX tiles run (0: never; FT_CPU_MOE_FP8_KERNELS, amx_tiles.h).
   int amx_min_ = fp8_amx_min(p_.isa);

@@ -50,15 +50,6 @@ inline const E4m3Table& e4m3_table() {
 constexpr float kE4m3Fp16Unscale = 256.f;
 constexpr uint16_t kE4m3Fp16Mask = 0xBFFF;
 
-// The prefetch distance of these formats: the caller's when it set one (prefetch_bytes or
-// FT_CPU_MOE_PREFETCH), else the executor's vendor default where that prefetches (Intel: 8192), else
-// 4096. On Zen 4 (2 threads, 1 GiB pools) 4096 took fp8_block from 0.88-0.90 to 0.99-1.00 of the read
-// bandwidth and nvfp4 from 0.88-0.90 to 0.92-0.93; 8192 was worse than 0 for both (0.73-0.86).
-constexpr int kDefaultPrefetch = 4096;
-inline int prefetch_distance(int configured, bool explicit_) {
-  return explicit_ || configured != 0 ? configured : kDefaultPrefetch;
-}
-
 // Software prefetch `dist` bytes ahead of a weight stream into L1 (stream_prefetch.h). Call ahead()
 // once per 64-byte line read.
 using Prefetch = StreamPrefetch<>;

@@ -1138,10 +1138,6 @@ void q8_256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int 
 
 namespace {
 
-// Software prefetch distance of the one-vector int8 kernels when the caller set none (bytes).
-constexpr int kQ8RowsPrefetch = 2048;
-constexpr int kQ8Avx2Prefetch = 8192;
-
 // The supported types, in the order they are listed in errors. In the avx512_bf16 tier the types
 // with a q8 kernel take int8 activations (VNNI); the others run the AVX-512 fp32 kernels there (the
 // weights are dequantized to fp32 in registers either way, and a bf16 dot product would only add a
@@ -1267,22 +1263,11 @@ void GgmlMoeFormat::mat_rows(const Matrix& m, bool q8, int e, int r0, int r1, co
   const uint8_t* w = m.data + e * m.expert_stride + r0 * m.row_bytes;
   const int isa = static_cast<int>(p_.isa), rows = r1 - r0;
   if (q8) {
-    // One vector: the kernels read 4 rows interleaved, which the hardware prefetchers of Zen 5 do not
-    // follow (2 threads, 1 GiB pool: q4_0 0.73 -> 0.45 of the read bandwidth); a software prefetch of
-    // the 4 rows' span in address order brings it back (0.73-0.76), so that path prefetches when the
-    // caller set no distance (Intel's default, 8192, stays). The avx2 tier's kernels prefetch
-    // kQ8Avx2Prefetch ahead unless the caller set a distance: on a 2-core Zen 3, where one core
-    // alone reads DRAM no faster than these kernels compute, the step took the sum of the two
-    // without (docs/benchmarks.md).
-    int pf = p_.prefetch;
-    if (!p_.prefetch_explicit) {
-      if (avx2_q8_) {
-        pf = kQ8Avx2Prefetch;
-      } else if (n == 1 && p_.prefetch == 0) {
-        pf = kQ8RowsPrefetch;
-      }
-    }
-    q8_fn(*m.type)(w, m.row_bytes, rows, qs, n, K, out, os, pf);
+    // The kernels read 4 rows interleaved, which the hardware prefetchers of Zen 5 do not follow (2
+    // threads, 1 GiB pool: q4_0 0.73 -> 0.45 of the read bandwidth without software prefetch); the
+    // prefetch walks the 4 rows' span in address order. On a 2-core Zen 3 the avx2 tier's kernels
+    // took the sum of their compute and memory time without it (docs/benchmarks.md).
+    q8_fn(*m.type)(w, m.row_bytes, rows, qs, n, K, out, os, p_.prefetch);
   } else if (n == 1) {
     m.type->rows[isa](w, m.row_bytes, rows, xs[0], K, out, p_.prefetch);
   } else {

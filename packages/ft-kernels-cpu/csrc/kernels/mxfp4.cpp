@@ -148,7 +148,7 @@ class Mxfp4Format final : public MoeFormat {
   static constexpr int kPass2Rows = 64;  // down rows per unit: one stream of 64 rows per route
 
   MoeParams p_;
-  int pf_ = fp4::prefetch_distance(p_.prefetch, p_.prefetch_explicit);  // after p_ (declaration order)
+  int pf_ = p_.prefetch;  // after p_ (declaration order)
   bool q8_ = FT_X86 && p_.isa == Isa::avx512_bf16;
   bool q8a_ = FT_X86 && p_.isa == Isa::avx2;  // int8 activations per block of 32 (VPMADDUBSW)
   const uint8_t* w13_;

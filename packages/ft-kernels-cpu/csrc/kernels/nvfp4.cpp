@@ -568,7 +568,7 @@ class Nvfp4Format final : public MoeFormat {
   bool vnni() const { return p_.isa == Isa::avx512_bf16; }
 
   MoeParams p_;
-  int pf_ = fp8nv::prefetch_distance(p_.prefetch, p_.prefetch_explicit);  // after p_ (declaration order)
+  int pf_ = p_.prefetch;  // after p_ (declaration order)
   const uint8_t* w13_;
   const uint8_t* s13_;
   const float* g13_;

@@ -5,8 +5,7 @@
 // end of the stream (prefetches never fault, but stay inside the stream anyway); the stream's first
 // `dist` bytes are requested at once, since the hardware prefetchers have nothing to follow yet at
 // the start of a stream (and those of Intel cores stop at 4 KiB pages). dist = 0 disables
-// (MoeParams::prefetch; each format picks its distance, see prefetch_distance in fp8nv_common.h and
-// fp4_common.h).
+// (MoeParams::prefetch, MoeFormat::prefetch_bytes).
 //
 // Two levels (t_prefetch_near > 0): the line `dist` ahead goes to L2 whatever the stream's hint, and
 // the line t_prefetch_near ahead to L1. An L1 prefetch holds one of a core's few L1 fill buffers until

@@ -64,11 +64,12 @@ class MoeExecutor:
             the best tier of the CPU. A tier the CPU lacks raises.
         prefetch_bytes: software prefetch distance of the weight streams (a multiple of 64 in
             [0, 65536], 0 = hardware prefetch only); None uses ``$FT_CPU_MOE_PREFETCH``, else 8192
-            on Intel and 0 elsewhere.
+            (bf16 layers on AMD then take 0; ``layer_prefetch_bytes`` reports a layer's distance).
             With ``$FT_CPU_MOE_PREFETCH_L1`` (bytes, a multiple of 64 in [0, 65536]) the far lines go
-            to L2 and a second prefetch that many bytes ahead to L1; the default is 1024 on Intel
-            with at most 4 threads, else 0 (one level); see ``prefetch_l1_bytes`` and
-            ``layer_prefetch_l1_bytes`` (bf16 layers take two levels on Intel at any pool size).
+            to L2 and a second prefetch that many bytes ahead to L1; the default is 1024 with at
+            most 4 threads, else 0 (one level); see ``prefetch_l1_bytes`` and
+            ``layer_prefetch_l1_bytes`` (bf16 layers take two levels at any pool size, and a layer
+            without software prefetch reports 0).
 
     Threading: ``run`` releases the GIL and blocks; concurrent runs on one executor are serialised.
     """
@@ -111,11 +112,20 @@ class MoeExecutor:
     def layer_format(self, layer: int) -> str:
         return self._native.layer_format(layer)
 
+    def layer_prefetch_bytes(self, layer: int) -> int:
+        """Software prefetch distance of ``layer``'s kernels (0: hardware prefetch only).
+
+        ``prefetch_bytes``, except that when neither ``prefetch_bytes`` nor ``$FT_CPU_MOE_PREFETCH``
+        is set a format may use its own measured default (bf16 on AMD: 0).
+        """
+        return self._native.layer_prefetch_bytes(_check_int("layer", layer, 0))
+
     def layer_prefetch_l1_bytes(self, layer: int) -> int:
         """L1 distance of the two-level prefetch for ``layer``'s kernels (0: one level).
 
-        ``prefetch_l1_bytes``, except that a format measured to gain from two levels at any pool size
-        (bf16) takes 1024 on Intel unless ``$FT_CPU_MOE_PREFETCH_L1`` is set.
+        ``prefetch_l1_bytes``, except that unless ``$FT_CPU_MOE_PREFETCH_L1`` is set a format
+        measured to gain from two levels at any pool size (bf16) takes 1024, and a layer without
+        software prefetch (``layer_prefetch_bytes`` 0) takes 0.
         """
         return self._native.layer_prefetch_l1_bytes(_check_int("layer", layer, 0))
 
