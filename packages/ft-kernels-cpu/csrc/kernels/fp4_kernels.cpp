@@ -361,11 +361,13 @@ FT_TARGET_AVX512_BF16 void dot_rows_multi_bf16(const uint8_t* W, const uint8_t* 
 // step and vector: 2 VPDPBUSD, a conversion, a VPERMPS (the blocks' scales times dx, multiplied 16
 // blocks at a time) and an FMA; with the lookups and a shift about 8 operations per 64 bytes.
 
-// One step (4 blocks at w, `blocks` of them left in the row) against the vectors' records at xo; ws[j]:
-// lane m the scale of block m / 4 of the step times vector j's dx.
+// One step (4 blocks at w, `blocks` of them left in the row) against the vectors' records at xo. sx[j]:
+// the group's 16 block scales times vector j's dx; idx picks the step's 4 (lane m: block m / 4). The
+// permute sits beside its FMA so that only one of them is live: with 8 vectors, 8 of them held across
+// the step (and two accumulator sets) spilled 74 registers in the loop.
 template <int NV>
-FT_TARGET_AVX512_BF16 inline void step_q8(const uint8_t* w, int blocks, const __m512* ws, const uint8_t* const* xs,
-                                          size_t xo, __m512i lut, __m512* acc) {
+FT_TARGET_AVX512_BF16 inline void step_q8(const uint8_t* w, int blocks, const __m512* sx, __m512i idx,
+                                          const uint8_t* const* xs, size_t xo, __m512i lut, __m512* acc) {
   const __m512i wv = load_blocks(w, blocks);
   // VPERMB reads the low 6 bits of each byte and the table repeats every 16: no masking.
   const __m512i lo = _mm512_permutexvar_epi8(wv, lut);
@@ -374,7 +376,7 @@ FT_TARGET_AVX512_BF16 inline void step_q8(const uint8_t* w, int blocks, const __
     const uint8_t* x = xs[j] + xo;
     const __m512i i = _mm512_dpbusd_epi32(
         _mm512_dpbusd_epi32(_mm512_loadu_si512(x + 128), lo, _mm512_loadu_si512(x)), hi, _mm512_loadu_si512(x + 64));
-    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), ws[j], acc[j]);
+    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_permutexvar_ps(idx, sx[j]), acc[j]);
   }
 }
 
@@ -398,10 +400,13 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8(const uint8_t* W, const uint8_t* S, int n
     const uint8_t* w = W + static_cast<size_t>(r) * (K / 2);
     const uint8_t* s = S + static_cast<size_t>(r) * nb;
     if (pf.s.dist) pf.s.ahead(s);
-    // two chains per vector (the FMA latency), steps alternating
-    __m512 a0[NV], a1[NV];
-    for (int j = 0; j < NV; ++j) a0[j] = a1[j] = _mm512_setzero_ps();
-    __m512 sx[NV], ws[NV];
+    // Two chains per vector (the FMA latency), steps alternating; from 3 vectors on the vectors'
+    // chains interleave and one set of accumulators does (a second set would add NV live registers).
+    constexpr bool kTwoSets = NV < 3;
+    __m512 a0[NV], a1[kTwoSets ? NV : 1];
+    __m512* const second = kTwoSets ? a1 : a0;
+    for (int j = 0; j < NV; ++j) a0[j] = second[j] = _mm512_setzero_ps();
+    __m512 sx[NV];
     int b = 0;
     for (; b + 16 <= nb; b += 16) {
       q8_group_scales<NV>(s, b, nb, xs, sx);
@@ -413,10 +418,8 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8(const uint8_t* W, const uint8_t* S, int n
           pf.w.ahead(wp);
           pf.w.ahead(wp + 64);
         }
-        for (int j = 0; j < NV; ++j) ws[j] = _mm512_permutexvar_ps(idx[u], sx[j]);
-        step_q8<NV>(wp, 4, ws, xs, xo + u * kQ8StepBytes, lut, a0);
-        for (int j = 0; j < NV; ++j) ws[j] = _mm512_permutexvar_ps(idx[u + 1], sx[j]);
-        step_q8<NV>(wp + 64, 4, ws, xs, xo + (u + 1) * kQ8StepBytes, lut, a1);
+        step_q8<NV>(wp, 4, sx, idx[u], xs, xo + u * kQ8StepBytes, lut, a0);
+        step_q8<NV>(wp + 64, 4, sx, idx[u + 1], xs, xo + (u + 1) * kQ8StepBytes, lut, second);
       }
     }
     if (b < nb) {
@@ -424,11 +427,12 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8(const uint8_t* W, const uint8_t* S, int n
       for (int u = 0; b + 4 * u < nb; ++u) {
         const int bu = b + 4 * u;
         if (pf.w.dist) pf.w.ahead(w + 16 * bu);
-        for (int j = 0; j < NV; ++j) ws[j] = _mm512_permutexvar_ps(idx[u], sx[j]);
-        step_q8<NV>(w + 16 * bu, nb - bu, ws, xs, q8_step_offset(bu / 4), lut, a0);
+        step_q8<NV>(w + 16 * bu, nb - bu, sx, idx[u], xs, q8_step_offset(bu / 4), lut, a0);
       }
     }
-    for (int j = 0; j < NV; ++j) out[j * os + r] = _mm512_reduce_add_ps(_mm512_add_ps(a0[j], a1[j]));
+    for (int j = 0; j < NV; ++j) {
+      out[j * os + r] = _mm512_reduce_add_ps(kTwoSets ? _mm512_add_ps(a0[j], second[j]) : a0[j]);
+    }
   }
 }
 
