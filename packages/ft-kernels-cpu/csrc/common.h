@@ -44,7 +44,8 @@ const char* isa_name(Isa isa);
 Isa isa_from_name(const std::string& name, const char* what);
 // Highest tier the CPU and OS support (CPUID + XGETBV).
 Isa cpu_best_isa();
-// True on GenuineIntel CPUs (some tuning defaults differ by vendor, see executor.cpp).
+// True on GenuineIntel CPUs (some tuning defaults differ by vendor: bf16.cpp, fp4_kernels.cpp,
+// ds_fp4_kernels.cpp).
 bool cpu_is_intel();
 // True when AMX-TILE and AMX-BF16 can run in this process: CPUID, the OS's XCR0 tile state and, on
 // Linux, the permission to use tile data (arch_prctl ARCH_REQ_XCOMP_PERM, asked for once here).

@@ -25,7 +25,7 @@ struct MoeJob;
 
 class MoeExecutor {
  public:
-  // prefetch_bytes < 0: $FT_CPU_MOE_PREFETCH, else the vendor default (8192 on Intel, 0 elsewhere).
+  // prefetch_bytes < 0: $FT_CPU_MOE_PREFETCH, else 8192 (a format may use less: bf16 on AMD, 0).
   MoeExecutor(int hidden, int top_k, int max_tokens, int num_threads, const std::string& isa, int prefetch_bytes);
   ~MoeExecutor();
 
