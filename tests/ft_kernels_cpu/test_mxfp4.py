@@ -14,6 +14,7 @@ from helpers.checks import (
 )
 from helpers.fp4_reference import dequant_fp4, random_fp4, random_scales
 from helpers.int8_bounds import int8_emulated_reference, int8_error_bound
+from helpers.kernel_variants import tier_fixture
 from helpers.moe_reference import (
     ACTIVATIONS,
     BF16,
@@ -24,6 +25,12 @@ from helpers.moe_reference import (
 )
 
 TIERS = fk.isa_tiers()
+# (tier, FT_CPU_MOE_MXFP4_KERNELS, FT_CPU_MOE_AMX_MIN unused): each tier's kernels, and in avx512_bf16
+# both record layouts by name (auto: steps on Intel, groups elsewhere).
+VARIANTS = [(t, "auto", "") for t in TIERS if t != "avx512_bf16"]
+if "avx512_bf16" in TIERS:
+    VARIANTS += [("avx512_bf16", "steps", ""), ("avx512_bf16", "groups", "")]
+isa = tier_fixture("FT_CPU_MOE_MXFP4_KERNELS", VARIANTS)
 
 
 def make_layer(rng: np.random.Generator, E: int, H: int, I: int, bias: bool = True) -> dict[str, np.ndarray]:
@@ -106,7 +113,6 @@ CASES = [("silu", 1), ("silu", 3), ("silu", 8), ("swigluoai", 8)] + [(a, 3) for 
 
 
 @pytest.mark.parametrize(("act", "T"), CASES)
-@pytest.mark.parametrize("isa", TIERS)
 def test_matches_float64_reference(isa: str, act: str, T: int) -> None:
     case = [TIERS.index(isa), ACTIVATIONS.index(act), T]
     rng = np.random.default_rng(case)
@@ -140,7 +146,6 @@ def test_avx2_int8_path_matches_an_int8_emulation(T: int, H: int, I: int) -> Non
     check(y, ref, scale, "avx2 int8 emulation", 1.01 * flip)
 
 
-@pytest.mark.parametrize("isa", TIERS)
 def test_swigluoai_options_and_gate_up_interleave(isa: str) -> None:
     rng = np.random.default_rng(17)
     E, H, I, top_k, T = 3, 64, 64, 2, 3
@@ -156,7 +161,6 @@ def test_swigluoai_options_and_gate_up_interleave(isa: str) -> None:
     assert np.abs(wrong - ref).max() > 10 * np.abs(y.astype(np.float64) - ref).max()
 
 
-@pytest.mark.parametrize("isa", TIERS)
 def test_extreme_e8m0_scales_and_every_e2m1_code(isa: str) -> None:
     # gate_i = 6 * 2^15 (code 7, scale 2^15), up_i = 2^15 (code 2), so h = silu(6 * 2^15) * 2^15 on
     # every row; down row j holds codes 2j % 16 and (2j + 1) % 16 in the first byte of each of its 4
@@ -194,7 +198,6 @@ def test_extreme_e8m0_scales_and_every_e2m1_code(isa: str) -> None:
         assert np.isnan(y.astype(np.float32)).all(), f"{isa}: scale 255 in block {b} must give NaN"
 
 
-@pytest.mark.parametrize("isa", TIERS)
 def test_many_tokens_on_few_experts(isa: str) -> None:
     # 8 tokens x 6 routes on 2 experts: chunks of up to 8 routes per expert through the batched
     # kernels. H = 608 (19 blocks: a group of 16 and a 3-block step) and I = 160 (5 blocks; pass-1
@@ -209,7 +212,6 @@ def test_many_tokens_on_few_experts(isa: str) -> None:
     check(y, ref, scale, isa, int8_extra(isa, banks, x, ids, w, "gelu"))
 
 
-@pytest.mark.parametrize("isa", TIERS)
 def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
     rng = np.random.default_rng(3)
     E, H, I, top_k, T = 8, 608, 544, 4, 8
@@ -277,6 +279,25 @@ def test_add_layer_errors_name_the_bank_and_shape(change, match: str) -> None:
         router_weight_on_input=False,
         intermediate=I0,
     )
+
+
+def test_kernel_choice_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    banks = _banks()
+
+    def add(tier: str, kernels: str) -> None:
+        monkeypatch.setenv("FT_CPU_MOE_MXFP4_KERNELS", kernels)
+        ex = fk.MoeExecutor(hidden=H0, top_k=1, max_tokens=1, isa=tier)
+        ex.add_layer(0, "mxfp4", num_experts=E0, intermediate=I0, banks=banks)
+
+    with pytest.raises(
+        fk.KernelError, match=r"FT_CPU_MOE_MXFP4_KERNELS='fast' is unknown; expected auto, steps or groups"
+    ):
+        add("scalar", "fast")
+    for kernels in ("steps", "groups"):
+        message = rf"FT_CPU_MOE_MXFP4_KERNELS='{kernels}' needs the avx512_bf16 tier; this layer runs tier 'scalar'"
+        with pytest.raises(fk.KernelError, match=message):
+            add("scalar", kernels)
+    add("scalar", "auto")
 
 
 def test_hidden_must_be_a_multiple_of_32() -> None:

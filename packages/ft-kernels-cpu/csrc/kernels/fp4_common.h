@@ -67,30 +67,49 @@ constexpr int kMaxVectors = 8;
 void dot_rows_multi(Isa isa, const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
                     float* out, int os, int prefetch);
 
-// Int8 activations (mxfp4 in the avx512_bf16 tier, AVX512-VNNI): a vector of K elements as groups
-// of 512 (16 blocks of 32 in 4 steps of 128; the last group zero-padded), kQ8GroupBytes each. The
-// kernels hold the group's 16 blocks in the 16 dword lanes of a register, block q8_block_of_lane(p)
+// Int8 activations (mxfp4 in the avx512_bf16 tier, AVX512-VNNI): a vector of K elements as steps of
+// 128 elements, in groups of 4 steps (512 elements, the last group zero-padded) of kQ8GroupBytes:
+// step s's record of kQ8StepBytes at q8_step_offset(s),
+//   bytes 0..63     int8 codes of the step's even elements 0, 2, .., 126 (the low nibbles' elements)
+//   bytes 64..127   int8 codes of its odd elements 1, 3, .., 127
+//   bytes 128..191  int32 lanes m = 0..15: -12 * (sum of the codes at bytes 4m..4m+3 and 64+4m..+3)
+// and after the group's 4 records 16 fp32 lanes, lane b = dx / 2 of step 4g + b / 4 (the step of
+// block 16g + b), so that the e8m0 scales of 16 blocks take their steps' dx in one multiply.
+// codes as int8_codes (int8_codes.h): round-half-even(v * 127 / amax), clamped, amax over the step,
+// the value code * dx, dx = amax / 127. q8_prep_vec takes elements [i0, i1) of a vector of K as
+// v[i - i0], i0 a multiple of 128 and i1 a multiple of 128 or K.
+constexpr size_t kQ8StepBytes = 192;
+constexpr size_t kQ8GroupBytes = 4 * kQ8StepBytes + 64;
+constexpr size_t q8_step_offset(size_t s) { return s / 4 * kQ8GroupBytes + s % 4 * kQ8StepBytes; }
+size_t q8_vec_bytes(int K);
+void q8_prep_vec(const float* v, int i0, int i1, int K, void* out);
+// out[j * os + r] = W[r] . dequant(xs[j]) for n <= kMaxVectors int8 vectors (each block decoded once).
+void q8_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
+                       float* out, int os, int prefetch);
+
+// The same int8 activations in group records (q8g_*: mxfp4's calls of several vectors, and on AMD of
+// one): a vector of K elements as groups of 512 (16 blocks of 32 in 4 steps of 128; the last group
+// zero-padded), kQ8gGroupBytes each. The kernels hold the group's 16 blocks in the 16 dword lanes of a register, block q8g_block_of_lane(p)
 // in lane p (the weights' 4 steps transposed dword by dword within 128-bit lanes), so that each lane
 // sums one block over the whole group:
-//   bytes 128u .. 128u + 63     lane p, byte i: the code of element 8u + 2i of block q8_block_of_lane(p)
+//   bytes 128u .. 128u + 63     lane p, byte i: the code of element 8u + 2i of block q8g_block_of_lane(p)
 //                               (u = 0..3: the even elements whose low nibbles are the block's bytes
 //                               4u .. 4u + 3)
 //   bytes 128u + 64 .. + 127    the odd elements 8u + 2i + 1
 //   bytes 512 .. 575            int32 lane p: -12 * (sum of the 32 codes of that block)
 //   bytes 576 .. 639            fp32 lane p: dx / 2 of that block's step
 // codes as int8_codes (int8_codes.h): round-half-even(v * 127 / amax), clamped, amax over the step of
-// 128, the value code * dx, dx = amax / 127. q8_prep_vec takes elements [i0, i1) of a vector of K as
+// 128, the value code * dx, dx = amax / 127. q8g_prep_vec takes elements [i0, i1) of a vector of K as
 // v[i - i0], i0 a multiple of 128 and i1 a multiple of 128 or K; each step writes only its own lanes
 // (4 of every 16), so steps of one group may be prepared by different threads.
-constexpr size_t kQ8GroupBytes = 640;
-constexpr size_t kQ8CorrOffset = 512, kQ8DxOffset = 576;
+constexpr size_t kQ8gGroupBytes = 640;
+constexpr size_t kQ8gCorrOffset = 512, kQ8gDxOffset = 576;
 // Lane p holds block 4 (p % 4) + p / 4 of the group: step p % 4, block p / 4 of that step.
-constexpr int q8_block_of_lane(int p) { return 4 * (p % 4) + p / 4; }
-size_t q8_vec_bytes(int K);
-void q8_prep_vec(const float* v, int i0, int i1, int K, void* out);
-// out[j * os + r] = W[r] . dequant(xs[j]) for n <= kMaxVectors int8 vectors (each block decoded once).
-void q8_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
-                       float* out, int os, int prefetch);
+constexpr int q8g_block_of_lane(int p) { return 4 * (p % 4) + p / 4; }
+size_t q8g_vec_bytes(int K);
+void q8g_prep_vec(const float* v, int i0, int i1, int K, void* out);
+void q8g_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
+                        float* out, int os, int prefetch);
 
 // Int8 activations of the avx2 tier (mxfp4; VPMADDUBSW): avx2_pairs.h's records (pairs of blocks of
 // 32, codes in even/odd order, offset 12; codes as int8_codes (int8_codes.h), amax over the block of

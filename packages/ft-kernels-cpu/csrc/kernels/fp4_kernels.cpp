@@ -354,8 +354,92 @@ FT_TARGET_AVX512_BF16 void dot_rows_multi_bf16(const uint8_t* W, const uint8_t* 
 
 // ---- int8 activations (q8_*, fp4_common.h): VPDPBUSD against a byte table of the codes ----
 //
+// A 4-block step of weights is one 64-byte load; VPERMB looks both nibbles of every byte up in the
+// table 12 + 2 * e2m1 (0..24, unsigned), so the low-nibble vector holds the step's even elements and
+// the high-nibble one its odd elements, lane m (4 bytes) of both in block m / 4. x's record of the
+// step holds its codes in that order, and the lanes start from -12 * (sum of their x codes). Per
+// step and vector: 2 VPDPBUSD, a conversion, a VPERMPS (the blocks' scales times dx, multiplied 16
+// blocks at a time) and an FMA; with the lookups and a shift about 8 operations per 64 bytes.
+
+// One step (4 blocks at w, `blocks` of them left in the row) against the vectors' records at xo. sx[j]:
+// the group's 16 block scales times vector j's dx; idx picks the step's 4 (lane m: block m / 4). The
+// permute sits beside its FMA so that only one of them is live: with 8 vectors, 8 of them held across
+// the step (and two accumulator sets) spilled 74 registers in the loop.
+template <int NV>
+FT_TARGET_AVX512_BF16 inline void step_q8(const uint8_t* w, int blocks, const __m512* sx, __m512i idx,
+                                          const uint8_t* const* xs, size_t xo, __m512i lut, __m512* acc) {
+  const __m512i wv = load_blocks(w, blocks);
+  // VPERMB reads the low 6 bits of each byte and the table repeats every 16: no masking.
+  const __m512i lo = _mm512_permutexvar_epi8(wv, lut);
+  const __m512i hi = _mm512_permutexvar_epi8(_mm512_srli_epi16(wv, 4), lut);
+  for (int j = 0; j < NV; ++j) {
+    const uint8_t* x = xs[j] + xo;
+    const __m512i i = _mm512_dpbusd_epi32(
+        _mm512_dpbusd_epi32(_mm512_loadu_si512(x + 128), lo, _mm512_loadu_si512(x)), hi, _mm512_loadu_si512(x + 64));
+    acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_permutexvar_ps(idx, sx[j]), acc[j]);
+  }
+}
+
+// Blocks b .. b + 15 (a group of 4 steps; fewer at the row's end): their e8m0 scales times each
+// vector's dx lanes.
+template <int NV>
+FT_TARGET_AVX512_BF16 inline void q8_group_scales(const uint8_t* s, int b, int nb, const uint8_t* const* xs,
+                                                  __m512* sx) {
+  const __m512 sf = e8m0x16(s + b, std::min(16, nb - b));
+  const size_t dxo = static_cast<size_t>(b / 16) * kQ8GroupBytes + 4 * kQ8StepBytes;
+  for (int j = 0; j < NV; ++j) sx[j] = _mm512_mul_ps(sf, _mm512_loadu_ps(xs[j] + dxo));
+}
+
+template <int NV>
+FT_TARGET_AVX512_BF16 void dot_rows_q8(const uint8_t* W, const uint8_t* S, int nrows, const uint8_t* const* xs,
+                                       int K, float* out, int os, const Streams& pf) {
+  const __m512i lut = e2m1_u8_table();
+  const __m512i idx[4] = {scale_index(0), scale_index(1), scale_index(2), scale_index(3)};
+  const int nb = K / 32;
+  for (int r = 0; r < nrows; ++r) {
+    const uint8_t* w = W + static_cast<size_t>(r) * (K / 2);
+    const uint8_t* s = S + static_cast<size_t>(r) * nb;
+    if (pf.s.dist) pf.s.ahead(s);
+    // Two chains per vector (the FMA latency), steps alternating; from 3 vectors on the vectors'
+    // chains interleave and one set of accumulators does (a second set would add NV live registers).
+    constexpr bool kTwoSets = NV < 3;
+    __m512 a0[NV], a1[kTwoSets ? NV : 1];
+    __m512* const second = kTwoSets ? a1 : a0;
+    for (int j = 0; j < NV; ++j) a0[j] = second[j] = _mm512_setzero_ps();
+    __m512 sx[NV];
+    int b = 0;
+    for (; b + 16 <= nb; b += 16) {
+      q8_group_scales<NV>(s, b, nb, xs, sx);
+      const size_t xo = static_cast<size_t>(b / 16) * kQ8GroupBytes;
+#pragma GCC unroll 2
+      for (int u = 0; u < 4; u += 2) {
+        const uint8_t* wp = w + 16 * (b + 4 * u);
+        if (pf.w.dist) {
+          pf.w.ahead(wp);
+          pf.w.ahead(wp + 64);
+        }
+        step_q8<NV>(wp, 4, sx, idx[u], xs, xo + u * kQ8StepBytes, lut, a0);
+        step_q8<NV>(wp + 64, 4, sx, idx[u + 1], xs, xo + (u + 1) * kQ8StepBytes, lut, second);
+      }
+    }
+    if (b < nb) {
+      q8_group_scales<NV>(s, b, nb, xs, sx);
+      for (int u = 0; b + 4 * u < nb; ++u) {
+        const int bu = b + 4 * u;
+        if (pf.w.dist) pf.w.ahead(w + 16 * bu);
+        step_q8<NV>(w + 16 * bu, nb - bu, sx, idx[u], xs, q8_step_offset(bu / 4), lut, a0);
+      }
+    }
+    for (int j = 0; j < NV; ++j) {
+      out[j * os + r] = _mm512_reduce_add_ps(kTwoSets ? _mm512_add_ps(a0[j], second[j]) : a0[j]);
+    }
+  }
+}
+
+// ---- int8 activations in group records (q8g_*, fp4_common.h) ----
+//
 // A group of 16 blocks (4 steps of 64 bytes) is 4 loads. An in-lane 4 x 4 dword transpose of the 4
-// (8 unpacks) puts dword u of block q8_block_of_lane(p) into lane p of register u; VPERMB then looks
+// (8 unpacks) puts dword u of block q8g_block_of_lane(p) into lane p of register u; VPERMB then looks
 // both nibbles of every byte up in the table 12 + 2 * e2m1 (0..24, unsigned), the low nibbles being
 // the even elements and the high ones the odd elements of x's record. Every lane of the 8 products
 // thus belongs to one block, and one int32 chain per vector sums the whole group, starting from the
@@ -365,8 +449,8 @@ FT_TARGET_AVX512_BF16 void dot_rows_multi_bf16(const uint8_t* W, const uint8_t* 
 // per vector (a conversion, a scale permute and an FMA every step) and ~3 shared.
 
 // The group's 16 blocks at w (`blocks` of them left in the row, zeros after), transposed: q[u] lane p =
-// dword u of block q8_block_of_lane(p).
-FT_TARGET_AVX512_BF16 inline void q8_group_codes(const uint8_t* w, int blocks, __m512i* q) {
+// dword u of block q8g_block_of_lane(p).
+FT_TARGET_AVX512_BF16 inline void q8g_group_codes(const uint8_t* w, int blocks, __m512i* q) {
   __m512i r[4];
   if (blocks >= 16) {
     for (int k = 0; k < 4; ++k) r[k] = _mm512_loadu_si512(w + 64 * k);
@@ -383,10 +467,10 @@ FT_TARGET_AVX512_BF16 inline void q8_group_codes(const uint8_t* w, int blocks, _
 }
 
 template <int NV>
-FT_TARGET_AVX512_BF16 void dot_rows_q8(const uint8_t* W, const uint8_t* S, int nrows, const uint8_t* const* xs,
+FT_TARGET_AVX512_BF16 void dot_rows_q8g(const uint8_t* W, const uint8_t* S, int nrows, const uint8_t* const* xs,
                                        int K, float* out, int os, const Streams& pf) {
   const __m512i lut = e2m1_u8_table();
-  // lane p <- scale of block q8_block_of_lane(p)
+  // lane p <- scale of block q8g_block_of_lane(p)
   const __m512i lanes = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   const int nb = K / 32, groups = (nb + 15) / 16;
   // Two chains per vector for one or two vectors (VPDPBUSD's latency); from 3 on the vectors' chains
@@ -405,7 +489,7 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8(const uint8_t* W, const uint8_t* S, int n
       }
       const int blocks = nb - 16 * g;
       __m512i q[4];
-      q8_group_codes(wg, blocks, q);
+      q8g_group_codes(wg, blocks, q);
       __m512i lo[4], hi[4];
       for (int u = 0; u < 4; ++u) {
         // VPERMB reads the low 6 bits of each byte and the table repeats every 16: no masking.
@@ -413,12 +497,12 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8(const uint8_t* W, const uint8_t* S, int n
         hi[u] = _mm512_permutexvar_epi8(_mm512_srli_epi16(q[u], 4), lut);
       }
       const __m512 sf = _mm512_permutexvar_ps(lanes, e8m0x16(s + 16 * g, std::min(16, blocks)));
-      const size_t xo = static_cast<size_t>(g) * kQ8GroupBytes;
+      const size_t xo = static_cast<size_t>(g) * kQ8gGroupBytes;
       // The vectors' chains side by side in the instruction stream (vector by vector they waited on
       // VPDPBUSD's latency).
       __m512i c[NV][kChains];
       for (int j = 0; j < NV; ++j) {
-        c[j][0] = _mm512_loadu_si512(xs[j] + xo + kQ8CorrOffset);
+        c[j][0] = _mm512_loadu_si512(xs[j] + xo + kQ8gCorrOffset);
         if (kChains > 1) c[j][kChains - 1] = _mm512_setzero_si512();
       }
       for (int u = 0; u < 4; ++u) {
@@ -430,7 +514,7 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8(const uint8_t* W, const uint8_t* S, int n
       }
       for (int j = 0; j < NV; ++j) {
         const __m512i t = kChains > 1 ? _mm512_add_epi32(c[j][0], c[j][kChains - 1]) : c[j][0];
-        const __m512 ws = _mm512_mul_ps(sf, _mm512_loadu_ps(reinterpret_cast<const float*>(xs[j] + xo + kQ8DxOffset)));
+        const __m512 ws = _mm512_mul_ps(sf, _mm512_loadu_ps(reinterpret_cast<const float*>(xs[j] + xo + kQ8gDxOffset)));
         acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), ws, acc[j]);
       }
     }
@@ -646,10 +730,94 @@ void dot_rows_multi(Isa isa, const uint8_t* W, const uint8_t* S, int nrows, cons
 size_t q8_vec_bytes(int K) { return static_cast<size_t>((K + 511) / 512) * kQ8GroupBytes; }
 
 namespace {
+// Step s's dx / 2 into its 4 lanes of the group's dx vector; the step that ends the vector (of
+// `steps`) zeroes the lanes of the group's missing steps.
+inline void q8_store_dx(uint8_t* out, size_t s, size_t steps, float dx2) {
+  float* lanes = reinterpret_cast<float*>(out + s / 4 * kQ8GroupBytes + 4 * kQ8StepBytes);
+  for (size_t l = 4 * (s % 4); l < 4 * (s % 4) + 4; ++l) lanes[l] = dx2;
+  if (s + 1 == steps) {
+    for (size_t l = 4 * (s % 4) + 4; l < 16; ++l) lanes[l] = 0.f;
+  }
+}
+}  // namespace
+
+#if FT_X86
+namespace {
+// q8_prep_vec with AVX-512 (the int8 tier runs on AVX512-VNNI CPUs only), bit for bit: int8_codes'
+// amax (VMAXPS keeps the running max when the element is NaN) and codes (round half to even, a NaN
+// clamped to 127), the even and odd codes split by VPMOVWB, the offsets by VPDPBUSD of ones. Serial
+// on the calling thread before every run: the scalar split and sums were ~3 us of a decode step on
+// the GPU machine's Xeon (~40 us at batch 8).
+FT_TARGET_AVX512_BF16 void q8_prep_vec_avx512(const float* v, int i0, int i1, int K, void* out) {
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  const size_t steps = (static_cast<size_t>(K) + 127) / 128;
+  for (int g = i0; g < i1; g += 128) {
+    const int n = std::min(128, i1 - g);
+    __m512 x[8];
+    __m512 mx = _mm512_setzero_ps();
+    for (int i = 0; i < 8; ++i) {
+      const int m = std::clamp(n - 16 * i, 0, 16);
+      x[i] = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << m) - 1u), v + (g - i0) + 16 * i);
+      mx = _mm512_max_ps(_mm512_and_ps(x[i], absmask), mx);
+    }
+    const float amax = _mm512_reduce_max_ps(mx);
+    const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    alignas(64) int8_t c[128];
+    for (int i = 0; i < 8; ++i) {
+      const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(x[i], inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m512 q = _mm512_max_ps(_mm512_min_ps(r, _mm512_set1_ps(127.f)), _mm512_set1_ps(-127.f));
+      _mm_store_si128(reinterpret_cast<__m128i*>(c + 16 * i), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(q)));
+    }
+    const size_t s = static_cast<size_t>(g / 128);
+    uint8_t* rec = static_cast<uint8_t*>(out) + q8_step_offset(s);
+    const __m512i c0 = _mm512_load_si512(c), c1 = _mm512_load_si512(c + 64);
+    const __m512i even = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(c0)), _mm512_cvtepi16_epi8(c1), 1);
+    const __m512i odd = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srli_epi16(c0, 8))),
+                                           _mm512_cvtepi16_epi8(_mm512_srli_epi16(c1, 8)), 1);
+    const __m512i ones = _mm512_set1_epi8(1);
+    const __m512i sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, even), ones, odd);
+    _mm512_storeu_si512(rec, even);
+    _mm512_storeu_si512(rec + 64, odd);
+    _mm512_storeu_si512(rec + 128, _mm512_mullo_epi32(sum, _mm512_set1_epi32(-12)));
+    q8_store_dx(static_cast<uint8_t*>(out), s, steps, 0.5f * (amax / 127.f));  // the table holds 2 * e2m1
+  }
+}
+}  // namespace
+#endif
+
+void q8_prep_vec(const float* v, int i0, int i1, int K, void* out) {
+#if FT_X86
+  q8_prep_vec_avx512(v, i0, i1, K, out);
+  return;
+#endif
+  const size_t steps = (static_cast<size_t>(K) + 127) / 128;
+  for (int g = i0; g < i1; g += 128) {
+    const int n = std::min(128, i1 - g);
+    int8_t c[128] = {};
+    // The int8 tier runs on AVX512-VNNI CPUs only, so AVX2 is there.
+    const float amax = int8_codes(v + (g - i0), n, c, FT_X86 != 0);
+    const size_t s = static_cast<size_t>(g / 128);
+    uint8_t* rec = static_cast<uint8_t*>(out) + q8_step_offset(s);
+    std::memset(rec, 0, kQ8StepBytes);
+    int32_t off[16] = {};
+    for (int j = 0; j < 64; ++j) {
+      rec[j] = static_cast<uint8_t>(c[2 * j]);
+      rec[64 + j] = static_cast<uint8_t>(c[2 * j + 1]);
+      off[j / 4] += c[2 * j] + c[2 * j + 1];
+    }
+    for (int l = 0; l < 16; ++l) off[l] *= -12;
+    std::memcpy(rec + 128, off, sizeof off);
+    q8_store_dx(static_cast<uint8_t*>(out), s, steps, 0.5f * (amax / 127.f));  // the table holds 2 * e2m1
+  }
+}
+
+size_t q8g_vec_bytes(int K) { return static_cast<size_t>((K + 511) / 512) * kQ8gGroupBytes; }
+
+namespace {
 // Scalar placing of step s's 128 codes c (elements past the vector's end 0) and dx / 2 into the group
 // record at rec: the lanes of the step's 4 blocks (lane 4L + s % 4: block L of the step), and, when
 // the step ends the vector (last), zeros in the lanes of the group's missing steps.
-void q8_place_step(const int8_t* c, float dx2, int k, bool last, uint8_t* rec) {
+void q8g_place_step(const int8_t* c, float dx2, int k, bool last, uint8_t* rec) {
   for (int L = 0; L < 4; ++L) {
     const int p = 4 * L + k;
     int32_t sum = 0;
@@ -662,8 +830,8 @@ void q8_place_step(const int8_t* c, float dx2, int k, bool last, uint8_t* rec) {
       }
     }
     const int32_t off = -12 * sum;
-    std::memcpy(rec + kQ8CorrOffset + 4 * p, &off, 4);
-    std::memcpy(rec + kQ8DxOffset + 4 * p, &dx2, 4);
+    std::memcpy(rec + kQ8gCorrOffset + 4 * p, &off, 4);
+    std::memcpy(rec + kQ8gDxOffset + 4 * p, &dx2, 4);
   }
   if (!last) return;
   for (int k2 = k + 1; k2 < 4; ++k2) {
@@ -673,8 +841,8 @@ void q8_place_step(const int8_t* c, float dx2, int k, bool last, uint8_t* rec) {
         std::memset(rec + 128 * u + 4 * p, 0, 4);
         std::memset(rec + 128 * u + 64 + 4 * p, 0, 4);
       }
-      std::memset(rec + kQ8CorrOffset + 4 * p, 0, 4);
-      std::memset(rec + kQ8DxOffset + 4 * p, 0, 4);
+      std::memset(rec + kQ8gCorrOffset + 4 * p, 0, 4);
+      std::memset(rec + kQ8gDxOffset + 4 * p, 0, 4);
     }
   }
 }
@@ -682,12 +850,12 @@ void q8_place_step(const int8_t* c, float dx2, int k, bool last, uint8_t* rec) {
 
 #if FT_X86
 namespace {
-// q8_prep_vec with AVX-512 (the int8 tier runs on AVX512-VNNI CPUs only), bit for bit: int8_codes'
+// q8g_prep_vec with AVX-512, bit for bit: int8_codes'
 // amax (VMAXPS keeps the running max when the element is NaN) and codes (round half to even, a NaN
 // clamped to 127), the even and odd codes split by VPMOVWB, the block sums by VPDPBUSD of ones, and
 // the lanes placed by VPERMD and masked stores. Serial on the calling thread before every run: the
 // scalar split and sums were ~3 us of a decode step on the GPU machine's Xeon (~40 us at batch 8).
-FT_TARGET_AVX512_BF16 void q8_prep_vec_avx512(const float* v, int i0, int i1, int K, void* out) {
+FT_TARGET_AVX512_BF16 void q8g_prep_vec_avx512(const float* v, int i0, int i1, int K, void* out) {
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   const size_t steps = (static_cast<size_t>(K) + 127) / 128;
   const __m512i lane4 = _mm512_and_si512(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
@@ -711,7 +879,7 @@ FT_TARGET_AVX512_BF16 void q8_prep_vec_avx512(const float* v, int i0, int i1, in
     }
     const size_t s = static_cast<size_t>(g / 128);
     const int k = static_cast<int>(s % 4);
-    uint8_t* rec = static_cast<uint8_t*>(out) + s / 4 * kQ8GroupBytes;
+    uint8_t* rec = static_cast<uint8_t*>(out) + s / 4 * kQ8gGroupBytes;
     // even / odd dword m: elements 8m .. 8m + 7 of the step (block m / 4, dword m % 4 of it)
     const __m512i c0 = _mm512_load_si512(c), c1 = _mm512_load_si512(c + 64);
     const __m512i even = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(c0)), _mm512_cvtepi16_epi8(c1), 1);
@@ -729,13 +897,13 @@ FT_TARGET_AVX512_BF16 void q8_prep_vec_avx512(const float* v, int i0, int i1, in
     __m512i sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, even), ones, odd);
     sum = _mm512_add_epi32(sum, _mm512_shuffle_epi32(sum, _MM_PERM_CDAB));  // sums of the 4 lanes of each block
     sum = _mm512_add_epi32(sum, _mm512_shuffle_epi32(sum, _MM_PERM_BADC));
-    _mm512_mask_storeu_epi32(rec + kQ8CorrOffset, mine, _mm512_mullo_epi32(sum, _mm512_set1_epi32(-12)));
+    _mm512_mask_storeu_epi32(rec + kQ8gCorrOffset, mine, _mm512_mullo_epi32(sum, _mm512_set1_epi32(-12)));
     // the table holds 2 * e2m1
-    _mm512_mask_storeu_ps(rec + kQ8DxOffset, mine, _mm512_set1_ps(0.5f * (amax / 127.f)));
+    _mm512_mask_storeu_ps(rec + kQ8gDxOffset, mine, _mm512_set1_ps(0.5f * (amax / 127.f)));
     if (s + 1 == steps) {  // the step ends the vector: zero the lanes of the group's missing steps
       unsigned later = 0;
       for (int k2 = k + 1; k2 < 4; ++k2) later |= 0x1111u << k2;
-      for (size_t o = 0; later != 0 && o < kQ8GroupBytes; o += 64) {
+      for (size_t o = 0; later != 0 && o < kQ8gGroupBytes; o += 64) {
         _mm512_mask_storeu_epi32(rec + o, static_cast<__mmask16>(later), _mm512_setzero_si512());
       }
     }
@@ -744,9 +912,9 @@ FT_TARGET_AVX512_BF16 void q8_prep_vec_avx512(const float* v, int i0, int i1, in
 }  // namespace
 #endif
 
-void q8_prep_vec(const float* v, int i0, int i1, int K, void* out) {
+void q8g_prep_vec(const float* v, int i0, int i1, int K, void* out) {
 #if FT_X86
-  q8_prep_vec_avx512(v, i0, i1, K, out);
+  q8g_prep_vec_avx512(v, i0, i1, K, out);
   return;
 #endif
   const size_t steps = (static_cast<size_t>(K) + 127) / 128;
@@ -756,8 +924,8 @@ void q8_prep_vec(const float* v, int i0, int i1, int K, void* out) {
     // The int8 tier runs on AVX512-VNNI CPUs only, so AVX2 is there.
     const float amax = int8_codes(v + (g - i0), n, c, FT_X86 != 0);
     const size_t s = static_cast<size_t>(g / 128);
-    q8_place_step(c, 0.5f * (amax / 127.f), static_cast<int>(s % 4), s + 1 == steps,
-                  static_cast<uint8_t*>(out) + s / 4 * kQ8GroupBytes);  // the table holds 2 * e2m1
+    q8g_place_step(c, 0.5f * (amax / 127.f), static_cast<int>(s % 4), s + 1 == steps,
+                  static_cast<uint8_t*>(out) + s / 4 * kQ8gGroupBytes);  // the table holds 2 * e2m1
   }
 }
 
@@ -808,6 +976,20 @@ void q8_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void
 #if FT_X86
   auto kernel = [&](auto nv, const uint8_t* const* xq, const Streams& pf) {
     dot_rows_q8<decltype(nv)::value>(W, S, nrows, xq, K, out, os, pf);
+  };
+  q8_call(W, S, nrows, xs, std::min(n, kMaxVectors), K, prefetch, kernel);
+#else
+  (void)W, (void)S, (void)xs, (void)K, (void)out, (void)os, (void)prefetch;
+  throw Error("fp4 int8 kernels need x86 (AVX512-VNNI)");
+#endif
+}
+
+void q8g_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
+                        float* out, int os, int prefetch) {
+  if (nrows <= 0 || n <= 0) return;
+#if FT_X86
+  auto kernel = [&](auto nv, const uint8_t* const* xq, const Streams& pf) {
+    dot_rows_q8g<decltype(nv)::value>(W, S, nrows, xq, K, out, os, pf);
   };
   q8_call(W, S, nrows, xs, std::min(n, kMaxVectors), K, prefetch, kernel);
 #else

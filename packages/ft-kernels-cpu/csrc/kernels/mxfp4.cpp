@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <string>
 
+#include "amx_tiles.h"
 #include "fp4_common.h"
 #include "format.h"
 
@@ -119,14 +120,30 @@ class Mxfp4Format final : public MoeFormat {
   }
 
  private:
-  // The tier's prepared vectors and row kernels: int8 activations in the avx512_bf16 tier
-  // (fp4_common.h, q8_*) and the avx2 tier (q8a_*), the tier's own layout otherwise.
+  // The tier's prepared vectors and row kernels: int8 activations in the avx512_bf16 tier and the
+  // avx2 tier (q8a_*), the tier's own layout otherwise. In the avx512_bf16 tier, group records
+  // (fp4_common.h, q8g_*) for every call, and on Intel also step records (q8_*), one after the other,
+  // for the calls of one vector: there the group kernels' transpose adds port-5 shuffles (one core,
+  // one vector from L3: 219 against 202 us a step; 16 threads, batch 1: 174-199 against 171-194),
+  // while on Zen 4 they are the faster for one vector too (153.8 -> 132.6 us from L3) and at 8 vectors
+  // on both (Xeon, 16 threads: 382 -> 320 us; Zen 4, 2 threads: 2513 -> 2232; docs/benchmarks.md).
+  // $FT_CPU_MOE_MXFP4_KERNELS, read when a layer is made: "steps" (step records for one-vector
+  // calls, group records for the others), "groups" (group records for every call), or "auto" (unset):
+  // steps on Intel, groups elsewhere. Both name avx512_bf16 kernels.
+  static bool step_records(Isa isa) {
+    const std::string v =
+        amx::kernel_choice("FT_CPU_MOE_MXFP4_KERNELS", isa, {{"steps", Isa::avx512_bf16}, {"groups", Isa::avx512_bf16}},
+                           "auto, steps or groups");
+    return v == "steps" || (v == "auto" && cpu_is_intel());
+  }
+  size_t step_bytes(int K) const { return q8_steps_ ? fp4::q8_vec_bytes(K) : 0; }
   size_t vec_bytes(int K) const {
-    return q8_ ? fp4::q8_vec_bytes(K) : q8a_ ? fp4::q8a_vec_bytes(K) : fp4::vec_bytes(p_.isa, K);
+    return q8_ ? step_bytes(K) + fp4::q8g_vec_bytes(K) : q8a_ ? fp4::q8a_vec_bytes(K) : fp4::vec_bytes(p_.isa, K);
   }
   void prep(const float* v, int i0, int i1, int K, void* out) const {
     if (q8_) {
-      fp4::q8_prep_vec(v, i0, i1, K, out);
+      if (q8_steps_) fp4::q8_prep_vec(v, i0, i1, K, out);
+      fp4::q8g_prep_vec(v, i0, i1, K, static_cast<char*>(out) + step_bytes(K));
     } else if (q8a_) {
       fp4::q8a_prep_vec(v, i0, i1, out);
     } else {
@@ -135,8 +152,12 @@ class Mxfp4Format final : public MoeFormat {
   }
   void dot(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K, float* out,
            int os) const {
-    if (q8_) {
+    if (q8_ && q8_steps_ && n == 1) {
       fp4::q8_dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_);
+    } else if (q8_) {
+      const void* xg[kMaxTokensPerCall];
+      for (int j = 0; j < n; ++j) xg[j] = static_cast<const char*>(xs[j]) + step_bytes(K);
+      fp4::q8g_dot_rows_multi(W, S, nrows, xg, n, K, out, os, pf_);
     } else if (q8a_) {
       fp4::q8a_dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_);
     } else {
@@ -150,6 +171,7 @@ class Mxfp4Format final : public MoeFormat {
   MoeParams p_;
   int pf_ = p_.prefetch;  // after p_ (declaration order)
   bool q8_ = FT_X86 && p_.isa == Isa::avx512_bf16;
+  bool q8_steps_ = step_records(p_.isa) && q8_;  // step records too, for one-vector calls (read on every tier)
   bool q8a_ = FT_X86 && p_.isa == Isa::avx2;  // int8 activations per block of 32 (VPMADDUBSW)
   const uint8_t* w13_;
   const uint8_t* s13_;
