@@ -26,7 +26,7 @@ from helpers.moe_reference import (
 
 TIERS = fk.isa_tiers()
 # (tier, FT_CPU_MOE_MXFP4_KERNELS, FT_CPU_MOE_AMX_MIN unused): each tier's kernels, and in avx512_bf16
-# both record layouts by name (auto: steps on Intel, groups elsewhere).
+# both record layouts by name (auto is steps).
 VARIANTS = [(t, "auto", "") for t in TIERS if t != "avx512_bf16"]
 if "avx512_bf16" in TIERS:
     VARIANTS += [("avx512_bf16", "steps", ""), ("avx512_bf16", "groups", "")]

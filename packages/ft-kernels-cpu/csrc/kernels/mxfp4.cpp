@@ -122,19 +122,19 @@ class Mxfp4Format final : public MoeFormat {
  private:
   // The tier's prepared vectors and row kernels: int8 activations in the avx512_bf16 tier and the
   // avx2 tier (q8a_*), the tier's own layout otherwise. In the avx512_bf16 tier, group records
-  // (fp4_common.h, q8g_*) for every call, and on Intel also step records (q8_*), one after the other,
-  // for the calls of one vector: there the group kernels' transpose adds port-5 shuffles (one core,
-  // one vector from L3: 219 against 202 us a step; 16 threads, batch 1: 174-199 against 171-194),
-  // while on Zen 4 they are the faster for one vector too (153.8 -> 132.6 us from L3) and at 8 vectors
-  // on both (Xeon, 16 threads: 382 -> 320 us; Zen 4, 2 threads: 2513 -> 2232; docs/benchmarks.md).
-  // $FT_CPU_MOE_MXFP4_KERNELS, read when a layer is made: "steps" (step records for one-vector
-  // calls, group records for the others), "groups" (group records for every call), or "auto" (unset):
-  // steps on Intel, groups elsewhere. Both name avx512_bf16 kernels.
+  // (fp4_common.h, q8g_*) for calls of several vectors, and step records (q8_*) before them for the
+  // calls of one (unless FT_CPU_MOE_MXFP4_KERNELS=groups). At 8 vectors the group kernels are the
+  // faster (Xeon, 16 threads: 426 -> 378 us a step; Zen 4, 2 threads: 2513 -> 2232). For one vector
+  // the transpose costs port-5 shuffles on Intel (one core from L3: 219 against 202 us a step), and on
+  // Zen 4 it went either way (one core from L3: qwen3-30b-a3b 143 -> 131 us, gpt-oss-120b 749 -> 838;
+  // 2 threads from DRAM the same within 2%; docs/benchmarks.md).
+  // $FT_CPU_MOE_MXFP4_KERNELS, read when a layer is made: "steps" or "auto" (unset) as above,
+  // "groups" for group records in every call. Both name avx512_bf16 kernels.
   static bool step_records(Isa isa) {
     const std::string v =
         amx::kernel_choice("FT_CPU_MOE_MXFP4_KERNELS", isa, {{"steps", Isa::avx512_bf16}, {"groups", Isa::avx512_bf16}},
                            "auto, steps or groups");
-    return v == "steps" || (v == "auto" && cpu_is_intel());
+    return v != "groups";
   }
   size_t step_bytes(int K) const { return q8_steps_ ? fp4::q8_vec_bytes(K) : 0; }
   size_t vec_bytes(int K) const {
