@@ -363,7 +363,8 @@ def test_prefetch_defaults_by_vendor_and_layer(monkeypatch: pytest.MonkeyPatch) 
             monkeypatch.setenv("FT_CPU_MOE_PREFETCH", env)
         ex = small_executor(**kwargs)
         _add_q4_0_layer(ex, 1)
-        assert (ex.prefetch_bytes, ex.layer_prefetch_bytes(0), ex.layer_prefetch_bytes(1)) == (2048, 2048, 2048)
+        distances = (ex.prefetch_bytes, ex.layer_prefetch_bytes(0), ex.layer_prefetch_bytes(1))
+        assert distances == (2048, 2048, 2048)
     with pytest.raises(ValueError, match=r"layer 3 has not been added"):
         ex.layer_prefetch_bytes(3)
 

@@ -294,7 +294,9 @@ def test_kernel_choice_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     ):
         add("scalar", "fast")
     for kernels in ("steps", "groups"):
-        message = rf"FT_CPU_MOE_MXFP4_KERNELS='{kernels}' needs the avx512_bf16 tier; this layer runs tier 'scalar'"
+        message = (
+            rf"FT_CPU_MOE_MXFP4_KERNELS='{kernels}' needs the avx512_bf16 tier; this layer runs tier 'scalar'"
+        )
         with pytest.raises(fk.KernelError, match=message):
             add("scalar", kernels)
     add("scalar", "auto")

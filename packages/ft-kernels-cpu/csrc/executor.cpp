@@ -347,9 +347,12 @@ void MoeExecutor::add_layer(int layer, const std::string& format, int num_expert
   L.prep_rows = prep_rows;
   L.prefetch = L.fmt->prefetch_bytes(L.params);
   // Unless the variable is set, a layer without software prefetch has no L1 level to report.
-  L.prefetch_l1 = prefetch_l1_explicit_ ? prefetch_l1_
-                  : L.prefetch == 0     ? 0
-                                        : default_prefetch_l1(pool_.num_threads(), L.fmt->two_level_prefetch_any_pool());
+  if (prefetch_l1_explicit_) {
+    L.prefetch_l1 = prefetch_l1_;
+  } else {
+    const bool any_pool = L.fmt->two_level_prefetch_any_pool();
+    L.prefetch_l1 = L.prefetch == 0 ? 0 : default_prefetch_l1(pool_.num_threads(), any_pool);
+  }
 
   // Grow scratch to cover this layer.
   const size_t routes = static_cast<size_t>(max_tokens_) * top_k_;

@@ -89,9 +89,10 @@ void q8_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void
 
 // The same int8 activations in group records (q8g_*: mxfp4's calls of several vectors, and of one
 // with FT_CPU_MOE_MXFP4_KERNELS=groups): a vector of K elements as groups of 512 (16 blocks of 32 in
-// 4 steps of 128; the last group zero-padded), kQ8gGroupBytes each. The kernels hold the group's 16 blocks in the 16 dword lanes of a register, block q8g_block_of_lane(p)
-// in lane p (the weights' 4 steps transposed dword by dword within 128-bit lanes), so that each lane
-// sums one block over the whole group:
+// 4 steps of 128; the last group zero-padded), kQ8gGroupBytes each. The kernels hold the group's 16
+// blocks in the 16 dword lanes of a register, block q8g_block_of_lane(p) in lane p (the weights' 4
+// steps transposed dword by dword within 128-bit lanes), so that each lane sums one block over the
+// whole group:
 //   bytes 128u .. 128u + 63     lane p, byte i: the code of element 8u + 2i of block q8g_block_of_lane(p)
 //                               (u = 0..3: the even elements whose low nibbles are the block's bytes
 //                               4u .. 4u + 3)

@@ -509,7 +509,8 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8g(const uint8_t* W, const uint8_t* S, int 
         for (int j = 0; j < NV; ++j) {
           const uint8_t* x = xs[j] + xo + 128 * u;
           __m512i& t = c[j][u % kChains];
-          t = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(t, lo[u], _mm512_loadu_si512(x)), hi[u], _mm512_loadu_si512(x + 64));
+          t = _mm512_dpbusd_epi32(t, lo[u], _mm512_loadu_si512(x));
+          t = _mm512_dpbusd_epi32(t, hi[u], _mm512_loadu_si512(x + 64));
         }
       }
       for (int j = 0; j < NV; ++j) {
