@@ -731,6 +731,18 @@ void dot_rows_multi(Isa isa, const uint8_t* W, const uint8_t* S, int nrows, cons
 size_t q8_vec_bytes(int K) { return static_cast<size_t>((K + 511) / 512) * kQ8GroupBytes; }
 
 namespace {
+// The portable path of the int8 preps: each step s of [i0, i1) as int8_codes gives it, to
+// place(codes, amax, s) (elements past i1 zero).
+template <class Place>
+void q8_scalar_steps(const float* v, int i0, int i1, Place place) {
+  for (int g = i0; g < i1; g += 128) {
+    int8_t c[128] = {};
+    // The int8 tier runs on AVX512-VNNI CPUs only, so AVX2 is there.
+    const float amax = int8_codes(v + (g - i0), std::min(128, i1 - g), c, FT_X86 != 0);
+    place(c, amax, static_cast<size_t>(g / 128));
+  }
+}
+
 // Step s's dx / 2 into its 4 lanes of the group's dx vector; the step that ends the vector (of
 // `steps`) zeroes the lanes of the group's missing steps.
 inline void q8_store_dx(uint8_t* out, size_t s, size_t steps, float dx2) {
@@ -744,37 +756,46 @@ inline void q8_store_dx(uint8_t* out, size_t s, size_t steps, float dx2) {
 
 #if FT_X86
 namespace {
-// q8_prep_vec with AVX-512 (the int8 tier runs on AVX512-VNNI CPUs only), bit for bit: int8_codes'
-// amax (VMAXPS keeps the running max when the element is NaN) and codes (round half to even, a NaN
-// clamped to 127), the even and odd codes split by VPMOVWB, the offsets by VPDPBUSD of ones. Serial
-// on the calling thread before every run: the scalar split and sums were ~3 us of a decode step on
-// the GPU machine's Xeon (~40 us at batch 8).
-FT_TARGET_AVX512_BF16 void q8_prep_vec_avx512(const float* v, int i0, int i1, int K, void* out) {
+// One step of 128 elements (n of them at v, zeros after) as int8_codes gives them, bit for bit: amax
+// (VMAXPS keeps the running max when the element is NaN) and codes (round half to even, a NaN clamped
+// to 127), split by VPMOVWB into the even and odd codes (dword m of each: elements 8m .. 8m + 7).
+// Returns amax.
+FT_TARGET_AVX512_BF16 inline float q8_step_codes_avx512(const float* v, int n, __m512i& even, __m512i& odd) {
   const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  __m512 x[8];
+  __m512 mx = _mm512_setzero_ps();
+  for (int i = 0; i < 8; ++i) {
+    const int m = std::clamp(n - 16 * i, 0, 16);
+    x[i] = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << m) - 1u), v + 16 * i);
+    mx = _mm512_max_ps(_mm512_and_ps(x[i], absmask), mx);
+  }
+  const float amax = _mm512_reduce_max_ps(mx);
+  const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+  alignas(64) int8_t c[128];
+  for (int i = 0; i < 8; ++i) {
+    const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(x[i], inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 q = _mm512_max_ps(_mm512_min_ps(r, _mm512_set1_ps(127.f)), _mm512_set1_ps(-127.f));
+    _mm_store_si128(reinterpret_cast<__m128i*>(c + 16 * i), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(q)));
+  }
+  const __m512i c0 = _mm512_load_si512(c), c1 = _mm512_load_si512(c + 64);
+  even = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(c0)), _mm512_cvtepi16_epi8(c1), 1);
+  odd = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srli_epi16(c0, 8))),
+                           _mm512_cvtepi16_epi8(_mm512_srli_epi16(c1, 8)), 1);
+  return amax;
+}
+
+// q8_prep_vec with AVX-512 (the int8 tier runs on AVX512-VNNI CPUs only), bit for bit: the codes of
+// q8_step_codes_avx512, the offsets by VPDPBUSD of ones. Serial on the calling thread before every
+// run: the scalar split and sums were ~3 us of a decode step on the GPU machine's Xeon (~40 us at
+// batch 8).
+FT_TARGET_AVX512_BF16 void q8_prep_vec_avx512(const float* v, int i0, int i1, int K, void* out) {
   const size_t steps = (static_cast<size_t>(K) + 127) / 128;
   for (int g = i0; g < i1; g += 128) {
     const int n = std::min(128, i1 - g);
-    __m512 x[8];
-    __m512 mx = _mm512_setzero_ps();
-    for (int i = 0; i < 8; ++i) {
-      const int m = std::clamp(n - 16 * i, 0, 16);
-      x[i] = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << m) - 1u), v + (g - i0) + 16 * i);
-      mx = _mm512_max_ps(_mm512_and_ps(x[i], absmask), mx);
-    }
-    const float amax = _mm512_reduce_max_ps(mx);
-    const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
-    alignas(64) int8_t c[128];
-    for (int i = 0; i < 8; ++i) {
-      const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(x[i], inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      const __m512 q = _mm512_max_ps(_mm512_min_ps(r, _mm512_set1_ps(127.f)), _mm512_set1_ps(-127.f));
-      _mm_store_si128(reinterpret_cast<__m128i*>(c + 16 * i), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(q)));
-    }
+    __m512i even, odd;
+    const float amax = q8_step_codes_avx512(v + (g - i0), n, even, odd);
     const size_t s = static_cast<size_t>(g / 128);
     uint8_t* rec = static_cast<uint8_t*>(out) + q8_step_offset(s);
-    const __m512i c0 = _mm512_load_si512(c), c1 = _mm512_load_si512(c + 64);
-    const __m512i even = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(c0)), _mm512_cvtepi16_epi8(c1), 1);
-    const __m512i odd = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srli_epi16(c0, 8))),
-                                           _mm512_cvtepi16_epi8(_mm512_srli_epi16(c1, 8)), 1);
     const __m512i ones = _mm512_set1_epi8(1);
     const __m512i sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, even), ones, odd);
     _mm512_storeu_si512(rec, even);
@@ -792,12 +813,7 @@ void q8_prep_vec(const float* v, int i0, int i1, int K, void* out) {
   return;
 #endif
   const size_t steps = (static_cast<size_t>(K) + 127) / 128;
-  for (int g = i0; g < i1; g += 128) {
-    const int n = std::min(128, i1 - g);
-    int8_t c[128] = {};
-    // The int8 tier runs on AVX512-VNNI CPUs only, so AVX2 is there.
-    const float amax = int8_codes(v + (g - i0), n, c, FT_X86 != 0);
-    const size_t s = static_cast<size_t>(g / 128);
+  q8_scalar_steps(v, i0, i1, [&](const int8_t* c, float amax, size_t s) {
     uint8_t* rec = static_cast<uint8_t*>(out) + q8_step_offset(s);
     std::memset(rec, 0, kQ8StepBytes);
     int32_t off[16] = {};
@@ -809,7 +825,7 @@ void q8_prep_vec(const float* v, int i0, int i1, int K, void* out) {
     for (int l = 0; l < 16; ++l) off[l] *= -12;
     std::memcpy(rec + 128, off, sizeof off);
     q8_store_dx(static_cast<uint8_t*>(out), s, steps, 0.5f * (amax / 127.f));  // the table holds 2 * e2m1
-  }
+  });
 }
 
 size_t q8g_vec_bytes(int K) { return static_cast<size_t>((K + 511) / 512) * kQ8gGroupBytes; }
@@ -851,41 +867,19 @@ void q8g_place_step(const int8_t* c, float dx2, int k, bool last, uint8_t* rec) 
 
 #if FT_X86
 namespace {
-// q8g_prep_vec with AVX-512, bit for bit: int8_codes'
-// amax (VMAXPS keeps the running max when the element is NaN) and codes (round half to even, a NaN
-// clamped to 127), the even and odd codes split by VPMOVWB, the block sums by VPDPBUSD of ones, and
-// the lanes placed by VPERMD and masked stores. Serial on the calling thread before every run: the
-// scalar split and sums were ~3 us of a decode step on the GPU machine's Xeon (~40 us at batch 8).
+// q8g_prep_vec with AVX-512, bit for bit: the codes of q8_step_codes_avx512, the block sums by
+// VPDPBUSD of ones, and the lanes placed by VPERMD and masked stores.
 FT_TARGET_AVX512_BF16 void q8g_prep_vec_avx512(const float* v, int i0, int i1, int K, void* out) {
-  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
   const size_t steps = (static_cast<size_t>(K) + 127) / 128;
   const __m512i lane4 = _mm512_and_si512(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                          _mm512_set1_epi32(~3));  // 4 * (d / 4)
   for (int g = i0; g < i1; g += 128) {
     const int n = std::min(128, i1 - g);
-    __m512 x[8];
-    __m512 mx = _mm512_setzero_ps();
-    for (int i = 0; i < 8; ++i) {
-      const int m = std::clamp(n - 16 * i, 0, 16);
-      x[i] = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << m) - 1u), v + (g - i0) + 16 * i);
-      mx = _mm512_max_ps(_mm512_and_ps(x[i], absmask), mx);
-    }
-    const float amax = _mm512_reduce_max_ps(mx);
-    const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
-    alignas(64) int8_t c[128];
-    for (int i = 0; i < 8; ++i) {
-      const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(x[i], inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      const __m512 q = _mm512_max_ps(_mm512_min_ps(r, _mm512_set1_ps(127.f)), _mm512_set1_ps(-127.f));
-      _mm_store_si128(reinterpret_cast<__m128i*>(c + 16 * i), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(q)));
-    }
+    __m512i even, odd;
+    const float amax = q8_step_codes_avx512(v + (g - i0), n, even, odd);
     const size_t s = static_cast<size_t>(g / 128);
     const int k = static_cast<int>(s % 4);
     uint8_t* rec = static_cast<uint8_t*>(out) + s / 4 * kQ8gGroupBytes;
-    // even / odd dword m: elements 8m .. 8m + 7 of the step (block m / 4, dword m % 4 of it)
-    const __m512i c0 = _mm512_load_si512(c), c1 = _mm512_load_si512(c + 64);
-    const __m512i even = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(c0)), _mm512_cvtepi16_epi8(c1), 1);
-    const __m512i odd = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srli_epi16(c0, 8))),
-                                           _mm512_cvtepi16_epi8(_mm512_srli_epi16(c1, 8)), 1);
     // This step's lanes 4L + k (block L of the step); record u's lane takes dword u of the block, i.e.
     // dword 4L + u of even / odd.
     const __mmask16 mine = static_cast<__mmask16>(0x1111u << k);
@@ -919,15 +913,10 @@ void q8g_prep_vec(const float* v, int i0, int i1, int K, void* out) {
   return;
 #endif
   const size_t steps = (static_cast<size_t>(K) + 127) / 128;
-  for (int g = i0; g < i1; g += 128) {
-    const int n = std::min(128, i1 - g);
-    int8_t c[128] = {};
-    // The int8 tier runs on AVX512-VNNI CPUs only, so AVX2 is there.
-    const float amax = int8_codes(v + (g - i0), n, c, FT_X86 != 0);
-    const size_t s = static_cast<size_t>(g / 128);
+  q8_scalar_steps(v, i0, i1, [&](const int8_t* c, float amax, size_t s) {
     q8g_place_step(c, 0.5f * (amax / 127.f), static_cast<int>(s % 4), s + 1 == steps,
-                  static_cast<uint8_t*>(out) + s / 4 * kQ8gGroupBytes);  // the table holds 2 * e2m1
-  }
+                   static_cast<uint8_t*>(out) + s / 4 * kQ8gGroupBytes);  // the table holds 2 * e2m1
+  });
 }
 
 size_t q8a_vec_bytes(int K) { return FT_X86 ? pairs::record_bytes(K) : 0; }
