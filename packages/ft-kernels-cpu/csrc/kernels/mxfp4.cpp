@@ -47,6 +47,10 @@ class Mxfp4Format final : public MoeFormat {
   int pass2_rows() const override { return kPass2Rows; }
 
   void prep_input(const TaskInput& in) override {
+    // One token: pass 1 calls take one vector; pass 2 takes more only for duplicate routes, which the
+    // step records take too. So the group records are not prepared (a task's prep_inter and dot calls
+    // run after this, on the pool, and read the flag).
+    groups_ = !q8_steps_ || in.num_tokens > 1;
     const int H = p_.hidden;
     const size_t stride = vec_bytes(H);
     xprep_.resize(stride * in.num_tokens);
@@ -143,7 +147,7 @@ class Mxfp4Format final : public MoeFormat {
   void prep(const float* v, int i0, int i1, int K, void* out) const {
     if (q8_) {
       if (q8_steps_) fp4::q8_prep_vec(v, i0, i1, K, out);
-      fp4::q8g_prep_vec(v, i0, i1, K, static_cast<char*>(out) + step_bytes(K));
+      if (groups_) fp4::q8g_prep_vec(v, i0, i1, K, static_cast<char*>(out) + step_bytes(K));
     } else if (q8a_) {
       fp4::q8a_prep_vec(v, i0, i1, out);
     } else {
@@ -152,7 +156,7 @@ class Mxfp4Format final : public MoeFormat {
   }
   void dot(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K, float* out,
            int os) const {
-    if (q8_ && q8_steps_ && n == 1) {
+    if (q8_ && q8_steps_ && (n == 1 || !groups_)) {
       fp4::q8_dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_);
     } else if (q8_) {
       const void* xg[kMaxTokensPerCall];
@@ -173,6 +177,7 @@ class Mxfp4Format final : public MoeFormat {
   bool q8_ = FT_X86 && p_.isa == Isa::avx512_bf16;
   bool q8_steps_ = step_records(p_.isa) && q8_;  // step records too, for one-vector calls (read on every tier)
   bool q8a_ = FT_X86 && p_.isa == Isa::avx2;  // int8 activations per block of 32 (VPMADDUBSW)
+  bool groups_ = true;  // this task's vectors have group records (prep_input)
   const uint8_t* w13_;
   const uint8_t* s13_;
   const uint16_t* b13_;
