@@ -127,23 +127,29 @@ def test_matches_float64_reference(isa: str, act: str, T: int) -> None:
     check(y, ref, scale, isa, int8_extra(isa, banks, x, ids, w, act, **opts))
 
 
-@pytest.mark.skipif("avx2" not in TIERS, reason="no AVX2 here")
-@pytest.mark.parametrize(("T", "H", "I"), [(1, 160, 96), (3, 96, 160), (8, 288, 64)])
-def test_avx2_int8_path_matches_an_int8_emulation(T: int, H: int, I: int) -> None:
-    # int8_extra's bound is a worst case; this is the sharp check of the avx2 tier's int8 path: x and
-    # h rounded per block of 32 in numpy exactly as specified (helpers.int8_bounds.q8_emulate), so
-    # only fp32 accumulation, the bf16 output and h elements at a rounding boundary remain. A wrong
-    # code order within a block (even / odd elements) or a wrong block scale fails it.
+def check_against_int8_emulation(tier: str, group: int, T: int, H: int, I: int, ids=None) -> None:
+    """The layer on `tier` against the float64 reference with x and h rounded per `group` elements in
+    numpy exactly as specified (helpers.int8_bounds.q8_emulate): only fp32 accumulation, the bf16
+    output and h elements at a rounding boundary remain (int8_extra's bound is a worst case)."""
     rng = np.random.default_rng([T, H, I])
     E, top_k = 4, 4
     banks = make_layer(rng, E, H, I, bias=False)
     w13 = dequant_fp4(banks["w13"], banks["w13_scale"])
     w2 = dequant_fp4(banks["w2"], banks["w2_scale"])
     wref = {"w_gate": w13[:, 0::2], "w_up": w13[:, 1::2], "w_down": w2}
-    x, ids, w = random_inputs(rng, T, H, top_k, E, x_scale=2.0)
-    y = run_layer("avx2", banks, x, ids, w, E, I, "silu")
-    ref, scale, flip = int8_emulated_reference(x, ids, w, wref, "silu", 32, 32)
-    check(y, ref, scale, "avx2 int8 emulation", 1.01 * flip)
+    x, routes, w = random_inputs(rng, T, H, top_k, E, x_scale=2.0)
+    ids = routes if ids is None else ids
+    y = run_layer(tier, banks, x, ids, w, E, I, "silu")
+    ref, scale, flip = int8_emulated_reference(x, ids, w, wref, "silu", group, group)
+    check(y, ref, scale, f"{tier} int8 emulation", 1.01 * flip)
+
+
+@pytest.mark.skipif("avx2" not in TIERS, reason="no AVX2 here")
+@pytest.mark.parametrize(("T", "H", "I"), [(1, 160, 96), (3, 96, 160), (8, 288, 64)])
+def test_avx2_int8_path_matches_an_int8_emulation(T: int, H: int, I: int) -> None:
+    # Blocks of 32: a wrong code order within a block (even / odd elements) or a wrong block scale
+    # fails it.
+    check_against_int8_emulation("avx2", 32, T, H, I)
 
 
 @pytest.mark.skipif("avx512_bf16" not in TIERS, reason="no avx512_bf16 tier here")
@@ -152,24 +158,12 @@ def test_avx2_int8_path_matches_an_int8_emulation(T: int, H: int, I: int) -> Non
 def test_avx512_bf16_int8_records_match_an_int8_emulation(
     monkeypatch: pytest.MonkeyPatch, kernels: str, T: int, H: int, I: int
 ) -> None:
-    # The sharp check of the avx512_bf16 tier's int8 path in both record layouts: x and h rounded per
-    # step of 128 in numpy (helpers.int8_bounds.q8_emulate). H = 608 and I = 544 end in a partial
-    # group of 16 blocks, T = 8 on 4 experts makes calls of up to 8 vectors. T = 1 routes twice to
-    # expert 2: one token prepares no group records under `steps`, and the two-vector pass-2 call must
-    # then take the step records.
+    # Both record layouts, steps of 128. H = 608 and I = 544 end in a partial group of 16 blocks, T = 8
+    # on 4 experts makes calls of up to 8 vectors. T = 1 routes twice to expert 2: one token prepares
+    # no group records under `steps`, and the two-vector pass-2 call must then take the step records.
     monkeypatch.setenv("FT_CPU_MOE_MXFP4_KERNELS", kernels)
-    rng = np.random.default_rng([T, H, I])
-    E, top_k = 4, 4
-    banks = make_layer(rng, E, H, I, bias=False)
-    w13 = dequant_fp4(banks["w13"], banks["w13_scale"])
-    w2 = dequant_fp4(banks["w2"], banks["w2_scale"])
-    wref = {"w_gate": w13[:, 0::2], "w_up": w13[:, 1::2], "w_down": w2}
-    x, ids, w = random_inputs(rng, T, H, top_k, E, x_scale=2.0)
-    if T == 1:
-        ids = np.array([[2, 2, 0, -1]], np.int32)
-    y = run_layer("avx512_bf16", banks, x, ids, w, E, I, "silu")
-    ref, scale, flip = int8_emulated_reference(x, ids, w, wref, "silu", 128, 128)
-    check(y, ref, scale, f"avx512_bf16 {kernels} int8 emulation", 1.01 * flip)
+    ids = np.array([[2, 2, 0, -1]], np.int32) if T == 1 else None
+    check_against_int8_emulation("avx512_bf16", 128, T, H, I, ids)
 
 
 def test_swigluoai_options_and_gate_up_interleave(isa: str) -> None:
