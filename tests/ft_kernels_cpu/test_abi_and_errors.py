@@ -348,23 +348,28 @@ def _add_q4_0_layer(ex: fk.MoeExecutor, layer: int) -> None:
 
 
 def test_prefetch_defaults_by_vendor_and_layer(monkeypatch: pytest.MonkeyPatch) -> None:
-    # 8192 unless set; bf16 layers keep to the hardware prefetchers on AMD (docs/benchmarks.md,
-    # thirteenth session), the other formats prefetch on every vendor.
+    # 8192 unless set; bf16 layers keep to the hardware prefetchers in one-vector calls on AMD
+    # (docs/benchmarks.md, thirteenth and fourteenth sessions), the other formats and calls over
+    # several vectors prefetch on every vendor.
     monkeypatch.delenv("FT_CPU_MOE_PREFETCH", raising=False)
     intel = _cpu_is_intel()
     ex = small_executor()  # layer 0: bf16
     _add_q4_0_layer(ex, 1)
     assert ex.prefetch_bytes == 8192
-    assert ex.layer_prefetch_bytes(0) == (8192 if intel else 0)
-    assert ex.layer_prefetch_bytes(1) == 8192
+    assert ex.layer_prefetch_bytes(0) == ex.layer_prefetch_bytes(0, 1) == (8192 if intel else 0)
+    assert [ex.layer_prefetch_bytes(0, v) for v in range(2, 9)] == [8192] * 7
+    assert [ex.layer_prefetch_bytes(1, v) for v in range(1, 9)] == [8192] * 8
+    for bad in (0, 9):
+        with pytest.raises(ValueError, match=rf"vectors must be \[1, 8\], got {bad}"):
+            ex.layer_prefetch_bytes(0, bad)
     # A distance the caller sets applies to every layer, bf16 included.
     for kwargs, env in (({"prefetch_bytes": 2048}, None), ({}, "2048")):
         if env is not None:
             monkeypatch.setenv("FT_CPU_MOE_PREFETCH", env)
         ex = small_executor(**kwargs)
         _add_q4_0_layer(ex, 1)
-        distances = (ex.prefetch_bytes, ex.layer_prefetch_bytes(0), ex.layer_prefetch_bytes(1))
-        assert distances == (2048, 2048, 2048)
+        distances = (ex.prefetch_bytes, ex.layer_prefetch_bytes(0), ex.layer_prefetch_bytes(0, 8))
+        assert distances + (ex.layer_prefetch_bytes(1),) == (2048,) * 4
     with pytest.raises(ValueError, match=r"layer 3 has not been added"):
         ex.layer_prefetch_bytes(3)
 
@@ -374,14 +379,14 @@ def test_two_level_prefetch_default_and_errors(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.delenv("FT_CPU_MOE_PREFETCH", raising=False)
     intel = _cpu_is_intel()
     # Two levels for pools of up to 4 threads, and for bf16 layers at any pool size (docs/benchmarks.md,
-    # tenth and thirteenth sessions); one level above. A layer without software prefetch (bf16 on
-    # AMD) reports none.
+    # tenth and thirteenth sessions); one level above. bf16 layers on AMD prefetch in calls over
+    # several vectors only, and take the L1 level for those.
     for threads, expected in ((1, 1024), (4, 1024), (5, 0), (16, 0)):
         ex = small_executor(num_threads=threads)  # layer 0: bf16
         _add_q4_0_layer(ex, 1)
         assert ex.prefetch_l1_bytes == expected, threads
         assert ex.layer_prefetch_l1_bytes(1) == expected, threads
-        assert ex.layer_prefetch_l1_bytes(0) == (1024 if intel else 0), threads
+        assert ex.layer_prefetch_l1_bytes(0) == 1024, threads
     # The variable applies to every layer, bf16 included.
     monkeypatch.setenv("FT_CPU_MOE_PREFETCH_L1", "0")
     assert small_executor(num_threads=16).layer_prefetch_l1_bytes(0) == 0

@@ -345,13 +345,14 @@ void MoeExecutor::add_layer(int layer, const std::string& format, int num_expert
   L.rows2 = rows2;
   L.rows2_fixed = unit_rows2_ != 0;
   L.prep_rows = prep_rows;
-  L.prefetch = L.fmt->prefetch_bytes(L.params);
-  // Unless the variable is set, a layer without software prefetch has no L1 level to report.
+  for (int v = 1; v <= MoeFormat::kMaxTokensPerCall; ++v) L.prefetch[v - 1] = L.fmt->prefetch_bytes(L.params, v);
+  // Unless the variable is set, a layer without software prefetch in any call has no L1 level.
   if (prefetch_l1_explicit_) {
     L.prefetch_l1 = prefetch_l1_;
   } else {
     const bool any_pool = L.fmt->two_level_prefetch_any_pool();
-    L.prefetch_l1 = L.prefetch == 0 ? 0 : default_prefetch_l1(pool_.num_threads(), any_pool);
+    const bool none = std::all_of(std::begin(L.prefetch), std::end(L.prefetch), [](int d) { return d == 0; });
+    L.prefetch_l1 = none ? 0 : default_prefetch_l1(pool_.num_threads(), any_pool);
   }
 
   // Grow scratch to cover this layer.
@@ -381,7 +382,13 @@ const MoeExecutor::Layer& MoeExecutor::layer_at(int layer) const {
 
 std::string MoeExecutor::layer_format(int layer) const { return layer_at(layer).format_name; }
 
-int MoeExecutor::layer_prefetch_bytes(int layer) const { return layer_at(layer).prefetch; }
+int MoeExecutor::layer_prefetch_bytes(int layer, int vectors) const {
+  if (vectors < 1 || vectors > MoeFormat::kMaxTokensPerCall) {
+    throw Error("vectors must be in [1, " + std::to_string(MoeFormat::kMaxTokensPerCall) + "], got " +
+                std::to_string(vectors));
+  }
+  return layer_at(layer).prefetch[vectors - 1];
+}
 int MoeExecutor::layer_prefetch_l1_bytes(int layer) const { return layer_at(layer).prefetch_l1; }
 
 void MoeExecutor::run(const ft_moe_task& task) {

@@ -53,13 +53,14 @@ class MoeExecutor {
   int num_threads() const { return pool_.num_threads(); }
   Isa isa() const { return isa_; }
   // prefetch_bytes, else $FT_CPU_MOE_PREFETCH, else 8192. A layer's format may prefetch less when
-  // neither is set (bf16 on AMD: none; layer_prefetch_bytes).
+  // neither is set (bf16 on AMD: none in one-vector calls; layer_prefetch_bytes).
   int prefetch_bytes() const { return prefetch_; }
-  int layer_prefetch_bytes(int layer) const;
+  // The distance of a layer's kernel calls over `vectors` (1 .. 8) tokens or routes.
+  int layer_prefetch_bytes(int layer, int vectors = 1) const;
   // The L1 distance of the two-level prefetch (stream_prefetch.h), 0 for one level:
   // $FT_CPU_MOE_PREFETCH_L1, else 1024 with at most 4 threads, else 0. Unless the variable is set, a
   // layer whose format asks for two levels at any pool size takes 1024, and a layer without
-  // software prefetch 0 (layer_prefetch_l1_bytes).
+  // software prefetch in any call 0 (layer_prefetch_l1_bytes).
   int prefetch_l1_bytes() const { return prefetch_l1_; }
   int layer_prefetch_l1_bytes(int layer) const;
   std::vector<int> layers() const;
@@ -73,7 +74,8 @@ class MoeExecutor {
     // pass-1 unit rows, the least pass-2 unit rows (exact when rows2_fixed), prep_inter block rows
     int rows1 = 16, rows2 = 16, prep_rows = 16;
     bool rows2_fixed = false;
-    int prefetch = 0;     // the software prefetch distance of this layer's kernels (MoeFormat::prefetch_bytes)
+    // the software prefetch distance of this layer's calls over v vectors, at v - 1 (MoeFormat::prefetch_bytes)
+    int prefetch[MoeFormat::kMaxTokensPerCall] = {};
     int prefetch_l1 = 0;  // the L1 distance of the two-level prefetch for this layer's kernels
   };
 

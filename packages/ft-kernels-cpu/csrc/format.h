@@ -96,10 +96,11 @@ class MoeFormat {
   // True for a format whose rows gain from the two-level prefetch (stream_prefetch.h) on Intel at any
   // pool size; the others take it in pools of up to 4 threads only (MoeExecutor, docs/benchmarks.md).
   virtual bool two_level_prefetch_any_pool() const { return false; }
-  // The software prefetch distance this format's kernels use for a layer of params p: p.prefetch,
-  // unless the format measured better with another when the caller set none (bf16 on AMD: 0).
+  // The software prefetch distance this format's kernels use for a layer of params p in calls over
+  // `vectors` tokens or routes (1 .. kMaxTokensPerCall): p.prefetch, unless the format measured
+  // better with another when the caller set none (bf16 on AMD: 0 for one vector).
   // MoeExecutor::layer_prefetch_bytes reports it.
-  virtual int prefetch_bytes(const MoeParams& p) const { return p.prefetch; }
+  virtual int prefetch_bytes(const MoeParams& p, int /*vectors*/) const { return p.prefetch; }
 
   // Once per task, on the calling thread, before pass 1.
   virtual void prep_input(const TaskInput& /*in*/) {}

@@ -169,6 +169,47 @@ FT_TARGET_AVX512_BF16 void dot_row_multi_bf16x(const uint16_t* w, const uint16_t
   for (int j = 0; j < N; ++j) out[j * os] = _mm512_reduce_add_ps(acc[j]);
 }
 
+// R rows and N vectors at once: each vector's line is loaded once for the R rows. Zen 4 loads one
+// 512-bit line a cycle and runs VDPBF16PS at about one a cycle, and one row with 8 vectors spends 9
+// loads on 8 products: from L3 it ran at ~21 cycles per 64 bytes of weights, R = 3 at ~12-15
+// (docs/benchmarks.md, fourteenth session). Every (row, vector) sum takes the same products in the
+// same order as dot_row_multi_bf16x, so results do not depend on how rows are grouped.
+template <int N, int R>
+FT_TARGET_AVX512_BF16 void dot_rows_block_bf16x(const uint16_t* W, size_t ld, const uint16_t* const* xs, int K,
+                                                float* out, int os, const Prefetch& pf) {
+  __m512 acc[R][N];
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
+  }
+  for (int k = 0; k < K; k += 32) {
+    const int n = std::min(32, K - k);
+    const __mmask32 m = n == 32 ? 0xffffffffu : static_cast<__mmask32>((1u << n) - 1u);
+    __m512bh wv[R];
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) {
+      if (pf.dist) pf.ahead(W + i * ld + k);
+      wv[i] = (__m512bh)_mm512_maskz_loadu_epi16(m, W + i * ld + k);
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < N; ++j) {
+      const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, xs[j] + k);
+#pragma GCC unroll 4
+      for (int i = 0; i < R; ++i) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv[i], xv);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < N; ++j) out[j * os + i] = _mm512_reduce_add_ps(acc[i][j]);
+  }
+}
+
+// Rows per block for N vectors: as many as the 32 zmm registers hold (R * N accumulators, R weight
+// lines and a vector line).
+constexpr int bf16x_block_rows(int n) { return n <= 6 ? 4 : 3; }
+
 #endif  // FT_X86
 
 class Bf16Format final : public MoeFormat {
@@ -212,13 +253,13 @@ class Bf16Format final : public MoeFormat {
     if (use_bf16_dot()) {
       const uint16_t* xs[kMaxTokensPerCall];
       for (int j = 0; j < n; ++j) xs[j] = in.x_bf16 + tokens[j] * H;
-      bf16_dot_rows_multi_bf16(base + i0 * H, H, rows, xs, n, H, gate, stride, pf_);
-      bf16_dot_rows_multi_bf16(base + (I + i0) * H, H, rows, xs, n, H, up, stride, pf_);
+      bf16_dot_rows_multi_bf16(base + i0 * H, H, rows, xs, n, H, gate, stride, pf_multi_);
+      bf16_dot_rows_multi_bf16(base + (I + i0) * H, H, rows, xs, n, H, up, stride, pf_multi_);
     } else {
       const float* xs[kMaxTokensPerCall];
       for (int j = 0; j < n; ++j) xs[j] = in.x_f32 + tokens[j] * H;
-      bf16_dot_rows_multi_f32(p_.isa, base + i0 * H, H, rows, xs, n, H, gate, stride, pf_);
-      bf16_dot_rows_multi_f32(p_.isa, base + (I + i0) * H, H, rows, xs, n, H, up, stride, pf_);
+      bf16_dot_rows_multi_f32(p_.isa, base + i0 * H, H, rows, xs, n, H, gate, stride, pf_multi_);
+      bf16_dot_rows_multi_f32(p_.isa, base + (I + i0) * H, H, rows, xs, n, H, up, stride, pf_multi_);
     }
     const float* bg = b13_ ? b13_ + static_cast<size_t>(e) * 2 * I + i0 : nullptr;
     for (int j = 0; j < n; ++j) {
@@ -244,11 +285,11 @@ class Bf16Format final : public MoeFormat {
     } else if (use_bf16_dot()) {
       const uint16_t* hs[kMaxTokensPerCall];
       for (int j = 0; j < n; ++j) hs[j] = static_cast<const uint16_t*>(routes[j].h_prepped);
-      bf16_dot_rows_multi_bf16(w, I, rows, hs, n, I, out, stride, pf_);
+      bf16_dot_rows_multi_bf16(w, I, rows, hs, n, I, out, stride, pf_multi_);
     } else {
       const float* hs[kMaxTokensPerCall];
       for (int j = 0; j < n; ++j) hs[j] = routes[j].h;
-      bf16_dot_rows_multi_f32(p_.isa, w, I, rows, hs, n, I, out, stride, pf_);
+      bf16_dot_rows_multi_f32(p_.isa, w, I, rows, hs, n, I, out, stride, pf_multi_);
     }
     if (b2_) {
       const float* b = b2_ + static_cast<size_t>(e) * H + h0;
@@ -270,11 +311,13 @@ class Bf16Format final : public MoeFormat {
   // bandwidth at 8 threads (2 rounds), 0.87 -> 0.93 at 15 and 0.89 -> 0.91 at 16 (medians of 3;
   // docs/benchmarks.md, tenth session).
   bool two_level_prefetch_any_pool() const override { return true; }
-  // No software prefetch on AMD unless the caller sets a distance: there a single row stream reaches
-  // the read bandwidth on its own, and prefetching cost 5-10% (Zen 5, one level) and 0.99 -> 0.87 of
-  // the read bandwidth (Zen 4, 2 threads, 8192 with the L1 level; docs/benchmarks.md).
-  int prefetch_bytes(const MoeParams& p) const override {
-    return p.prefetch_explicit || cpu_is_intel() ? p.prefetch : 0;
+  // No software prefetch in one-vector calls on AMD unless the caller sets a distance: there a single
+  // row stream reaches the read bandwidth on its own, and prefetching cost 5-10% (Zen 5, one level)
+  // and 7% (Zen 4, 2 threads, 8192 with the L1 level). Calls over several vectors read their rows
+  // slower and do gain from it: Zen 4, 2 threads, batch 8 sharing its experts, 4843 -> 3667 us a
+  // step (docs/benchmarks.md, fourteenth session).
+  int prefetch_bytes(const MoeParams& p, int vectors) const override {
+    return p.prefetch_explicit || cpu_is_intel() || vectors > 1 ? p.prefetch : 0;
   }
 
  private:
@@ -282,7 +325,8 @@ class Bf16Format final : public MoeFormat {
   bool use_bf16_dot() const { return p_.isa == Isa::avx512_bf16; }
 
   MoeParams p_;
-  int pf_ = Bf16Format::prefetch_bytes(p_);  // after p_ (declaration order)
+  // after p_ (declaration order): one-vector calls, and calls over several vectors
+  int pf_ = Bf16Format::prefetch_bytes(p_, 1), pf_multi_ = Bf16Format::prefetch_bytes(p_, kMaxTokensPerCall);
   const uint16_t* w13_;
   const uint16_t* w2_;
   const float* b13_;
@@ -352,10 +396,13 @@ void bf16_dot_rows_multi_bf16(const uint16_t* W, size_t ld, int nrows, const uin
                               float* out, int out_stride, int prefetch) {
 #if FT_X86
   const Prefetch pf = stream_prefetch(W, ld, nrows, K, prefetch);
-  for (int r = 0; r < nrows; ++r) {
-    const uint16_t* w = W + r * ld;
-    dispatch_n(n, [&](auto nv) { dot_row_multi_bf16x<decltype(nv)::value>(w, xs, K, out + r, out_stride, pf); });
-  }
+  dispatch_n(n, [&](auto nv) {
+    constexpr int N = decltype(nv)::value;
+    constexpr int R = bf16x_block_rows(N);
+    int r = 0;
+    for (; r + R <= nrows; r += R) dot_rows_block_bf16x<N, R>(W + r * ld, ld, xs, K, out + r, out_stride, pf);
+    for (; r < nrows; ++r) dot_row_multi_bf16x<N>(W + r * ld, xs, K, out + r, out_stride, pf);
+  });
 #else
   (void)W, (void)ld, (void)nrows, (void)xs, (void)n, (void)K, (void)out, (void)out_stride, (void)prefetch;
   throw Error("bf16_dot_rows_multi_bf16 needs x86 AVX512-BF16");

@@ -383,6 +383,103 @@ FT_TARGET_AVX512_BF16 void rows(const uint8_t* W, const uint8_t* S, int nrows, c
   }
 }
 
+// Two rows of the bf16 kernels at once, from 3 vectors on: each vector's 4 lines of a step are loaded
+// once for both rows. Zen 4 loads one 512-bit line a cycle and runs VDPBF16PS at about one a cycle,
+// and one row spent 4 loads on 4 products per vector (docs/benchmarks.md, fourteenth session). Each
+// row's sums are rows<Bf16Step, NV>'s: the same products in the same order, so results do not depend
+// on how rows pair up.
+FT_TARGET_AVX512_BF16 inline void decode_step(const uint8_t* w, int blocks, __m512i lut, __m512i* wd) {
+  const __m512i wv = fp4::load_blocks(w, blocks);
+  wd[0] = _mm512_permutexvar_epi16(wv, lut);
+  wd[1] = _mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 4), lut);
+  wd[2] = _mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 8), lut);
+  wd[3] = _mm512_permutexvar_epi16(_mm512_srli_epi16(wv, 12), lut);
+}
+
+template <int NV>
+FT_TARGET_AVX512_BF16 inline void step_bf16_pair(const uint8_t* w0, const uint8_t* w1, int blocks, __m512 sc0,
+                                                 __m512 sc1, const void* const* xs, int st, __m512i lut,
+                                                 __m512* acc0, __m512* acc1) {
+  __m512i wd0[4], wd1[4];
+  decode_step(w0, blocks, lut, wd0);
+  decode_step(w1, blocks, lut, wd1);
+#pragma GCC unroll 8
+  for (int j = 0; j < NV; ++j) {
+    const uint16_t* x = static_cast<const uint16_t*>(xs[j]) + 128 * st;
+    __m512bh xv = (__m512bh)_mm512_loadu_si512(x);
+    __m512 t0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)wd0[0], xv);
+    __m512 t1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)wd1[0], xv);
+#pragma GCC unroll 3
+    for (int q = 1; q < 4; ++q) {
+      xv = (__m512bh)_mm512_loadu_si512(x + 32 * q);
+      t0 = _mm512_dpbf16_ps(t0, (__m512bh)wd0[q], xv);
+      t1 = _mm512_dpbf16_ps(t1, (__m512bh)wd1[q], xv);
+    }
+    acc0[j] = _mm512_fmadd_ps(t0, sc0, acc0[j]);
+    acc1[j] = _mm512_fmadd_ps(t1, sc1, acc1[j]);
+  }
+}
+
+template <int NV>
+FT_TARGET_AVX512_BF16 void rows_bf16_pairs(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs,
+                                           int K, float* out, int os, const Prefetch& pw, const Prefetch& ps) {
+  static_assert(NV >= 3, "rows<Bf16Step, NV> keeps two accumulator sets below 3 vectors");
+  alignas(64) uint16_t table[32];
+  for (int i = 0; i < 32; ++i) table[i] = Bf16Step::word(fp4::kE2m1[i & 15]);
+  const __m512i lut = _mm512_load_si512(table);
+  const int nb = K / 32;
+  const size_t wrow = K / 2;
+  int r = 0;
+  for (; r + 2 <= nrows; r += 2) {
+    const uint8_t* w0 = W + static_cast<size_t>(r) * wrow;
+    const uint8_t* w1 = w0 + wrow;
+    const uint8_t* s0 = S + static_cast<size_t>(r) * nb;
+    const uint8_t* s1 = s0 + nb;
+    if (ps.dist) {
+      ps.ahead(s0);
+      ps.ahead(s1);
+    }
+    __m512 a0[NV], a1[NV];
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) a0[j] = a1[j] = _mm512_setzero_ps();
+    int b = 0;
+    for (; b + 16 <= nb; b += 16) {
+      const __m512 sf0 = fp4::e8m0x16(s0 + b, 16), sf1 = fp4::e8m0x16(s1 + b, 16);
+      if (pw.dist) {
+        for (int o = 0; o < 256; o += 64) {
+          pw.ahead(w0 + 16 * b + o);
+          pw.ahead(w1 + 16 * b + o);
+        }
+      }
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) {
+        const __m512i idx = fp4::scale_index(u);
+        step_bf16_pair<NV>(w0 + 16 * b + 64 * u, w1 + 16 * b + 64 * u, 4, _mm512_permutexvar_ps(idx, sf0),
+                           _mm512_permutexvar_ps(idx, sf1), xs, b / 4 + u, lut, a0, a1);
+      }
+    }
+    if (b < nb) {
+      const __m512 sf0 = fp4::e8m0x16(s0 + b, nb - b), sf1 = fp4::e8m0x16(s1 + b, nb - b);
+      for (int u = 0; b + 4 * u < nb; ++u) {
+        const int bu = b + 4 * u;
+        if (pw.dist) {
+          pw.ahead(w0 + 16 * bu);
+          pw.ahead(w1 + 16 * bu);
+        }
+        const __m512i idx = fp4::scale_index(u);
+        step_bf16_pair<NV>(w0 + 16 * bu, w1 + 16 * bu, nb - bu, _mm512_permutexvar_ps(idx, sf0),
+                           _mm512_permutexvar_ps(idx, sf1), xs, bu / 4, lut, a0, a1);
+      }
+    }
+    reduce_store_n<NV>(a0, out + r, os);
+    reduce_store_n<NV>(a1, out + r + 1, os);
+  }
+  if (r < nrows) {
+    rows<Bf16Step, NV>(W + static_cast<size_t>(r) * wrow, S + static_cast<size_t>(r) * nb, 1, xs, K, out + r, os,
+                       pw, ps);
+  }
+}
+
 // ---- int8 kernels: VPDPBUSD over the digit planes ----
 //
 // A step's weights are looked up as mxfp4's int8 kernels do (fp4_avx512.h's e2m1_u8_table: one
@@ -495,6 +592,8 @@ void dot_rows_with(const uint8_t* W, const uint8_t* S, int nrows, const void* co
   dispatch_n(n, [&](auto nv) {
     if constexpr (std::is_same_v<Step, Int8Step>) {
       rows_i8<decltype(nv)::value>(W, S, nrows, xs, K, out, os, pw, ps);
+    } else if constexpr (std::is_same_v<Step, Bf16Step> && decltype(nv)::value >= 3) {
+      rows_bf16_pairs<decltype(nv)::value>(W, S, nrows, xs, K, out, os, pw, ps);
     } else {
       rows<Step, decltype(nv)::value>(W, S, nrows, xs, K, out, os, pw, ps);
     }

@@ -217,6 +217,7 @@ def bench_format(
         "pool_mib": round(pool * expert_bytes / 2**20, 2),
         "isa": ex.isa,
         "prefetch": ex.layer_prefetch_bytes(0),
+        "prefetch_multi": ex.layer_prefetch_bytes(0, 8),
         "prefetch_l1": ex.layer_prefetch_l1_bytes(0),
         "gbs": round(gbs, 2),
         "read_gbs": round(read_gbs, 2),
@@ -280,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         "--prefetch",
         type=int,
         default=None,
-        help="software prefetch distance, bytes (default: $FT_CPU_MOE_PREFETCH, else 8192; bf16 on AMD 0)",
+        help="software prefetch distance, bytes (default: $FT_CPU_MOE_PREFETCH, else 8192; bf16 on AMD 0 in one-token calls)",
     )
     p.add_argument("--json", action="store_true", help="end with one JSON line per format")
     a = p.parse_args(argv)
