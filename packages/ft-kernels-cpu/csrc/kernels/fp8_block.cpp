@@ -335,6 +335,53 @@ FT_TARGET_AVX512_BF16 void fp8_row_bf16x(const uint8_t* w, const float* S, int B
   for (int j = 0; j < N; ++j) out[j * os] = _mm512_reduce_add_ps(tot[j]) * kBf16Unscale;
 }
 
+// Two rows of fp8_row_bf16x at once, for N >= 3 vectors and whole blocks of 128 (B == 128, K a
+// multiple of 128): each vector's 4 loads of a block serve both rows. Zen 4 loads one 512-bit line
+// a cycle and runs VDPBF16PS at about one a cycle, and one row spent 4 loads on 4 products per
+// vector (docs/benchmarks.md, fourteenth session). Each row's sums are fp8_row_bf16x's (its N >= 3
+// branch): the same products in the same order, so results do not depend on how rows pair up.
+template <int N>
+FT_TARGET_AVX512_BF16 void fp8_row_pair_bf16x(const uint8_t* w0, const uint8_t* w1, const float* S0, const float* S1,
+                                              const uint16_t* const* xs, int K, float* out, int os,
+                                              const Prefetch& pf) {
+  static_assert(N >= 3, "fp8_row_bf16x keeps two accumulators per vector below 3");
+  __m512 t0[N], t1[N];
+#pragma GCC unroll 8
+  for (int j = 0; j < N; ++j) t0[j] = t1[j] = _mm512_setzero_ps();
+  for (int c0 = 0, c = 0; c0 < K; c0 += 128, ++c) {
+    if (pf.dist) {
+      pf.ahead(w0 + c0);
+      pf.ahead(w0 + c0 + 64);
+      pf.ahead(w1 + c0);
+      pf.ahead(w1 + c0 + 64);
+    }
+    __m512i a[4], b[4];
+    e4m3x128_bf16(_mm512_loadu_si512(w0 + c0), _mm512_loadu_si512(w0 + c0 + 64), a[0], a[1], a[2], a[3]);
+    e4m3x128_bf16(_mm512_loadu_si512(w1 + c0), _mm512_loadu_si512(w1 + c0 + 64), b[0], b[1], b[2], b[3]);
+    const __m512 s0 = _mm512_set1_ps(S0[c]), s1 = _mm512_set1_ps(S1[c]);
+#pragma GCC unroll 8
+    for (int j = 0; j < N; ++j) {
+      const uint16_t* xc = xs[j] + static_cast<size_t>(c) * 128;
+      __m512bh xv = (__m512bh)_mm512_loadu_si512(xc);
+      __m512 p0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)a[0], xv);
+      __m512 p1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)b[0], xv);
+#pragma GCC unroll 3
+      for (int q = 1; q < 4; ++q) {
+        xv = (__m512bh)_mm512_loadu_si512(xc + 32 * q);
+        p0 = _mm512_dpbf16_ps(p0, (__m512bh)a[q], xv);
+        p1 = _mm512_dpbf16_ps(p1, (__m512bh)b[q], xv);
+      }
+      t0[j] = _mm512_fmadd_ps(p0, s0, t0[j]);
+      t1[j] = _mm512_fmadd_ps(p1, s1, t1[j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < N; ++j) {
+    out[j * os] = _mm512_reduce_add_ps(t0[j]) * kBf16Unscale;
+    out[j * os + 1] = _mm512_reduce_add_ps(t1[j]) * kBf16Unscale;
+  }
+}
+
 // ---- AMX tiles (avx512_bf16 tier on CPUs with AMX-BF16; block_size 128, K a multiple of 128) ----
 //
 // 16 rows at a time (one row block of scales): per column block each row's 128 bytes decode as above
@@ -506,6 +553,16 @@ void fp8_rows(Isa isa, const uint8_t* W, int r0, int nrows, const float* S, int 
       const uint8_t* w = W + r * ld;
       if (isa == Isa::avx512_bf16) {
         const uint16_t* const* xb = reinterpret_cast<const uint16_t* const*>(xs);
+        if (n >= 3 && B == 128 && K % 128 == 0 && r + 1 < nrows) {
+          const float* s1 = S + static_cast<size_t>((r0 + r + 1) / B) * nbK;
+          dispatch_n(n, [&](auto nv) {
+            if constexpr (decltype(nv)::value >= 3) {
+              fp8_row_pair_bf16x<decltype(nv)::value>(w, w + ld, s, s1, xb, K, out + r, os, pf);
+            }
+          });
+          ++r;
+          continue;
+        }
         dispatch_n(n, [&](auto nv) { fp8_row_bf16x<decltype(nv)::value>(w, s, B, xb, K, out + r, os, pf); });
       } else if (isa == Isa::avx512) {
         const float* const* xf = reinterpret_cast<const float* const*>(xs);
