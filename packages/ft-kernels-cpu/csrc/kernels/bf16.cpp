@@ -173,7 +173,9 @@ FT_TARGET_AVX512_BF16 void dot_row_multi_bf16x(const uint16_t* w, const uint16_t
 // 512-bit line a cycle and runs VDPBF16PS at about one a cycle, and one row with 8 vectors spends 9
 // loads on 8 products: from L3 it ran at ~21 cycles per 64 bytes of weights, R = 3 at ~12-15
 // (docs/benchmarks.md, fourteenth session). Every (row, vector) sum takes the same products in the
-// same order as dot_row_multi_bf16x, so results do not depend on how rows are grouped.
+// same order as dot_row_multi_bf16x, so results do not depend on how rows are grouped. Each row
+// prefetches the same line of the next block's row at least (the block's R rows span R * ld bytes,
+// more than a distance of 8192 with rows of 2048 elements).
 template <int N, int R>
 FT_TARGET_AVX512_BF16 void dot_rows_block_bf16x(const uint16_t* W, size_t ld, const uint16_t* const* xs, int K,
                                                 float* out, int os, const Prefetch& pf) {
@@ -183,13 +185,14 @@ FT_TARGET_AVX512_BF16 void dot_rows_block_bf16x(const uint16_t* W, size_t ld, co
 #pragma GCC unroll 8
     for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
   }
+  const size_t lead = std::max(static_cast<size_t>(pf.dist), R * ld * sizeof(uint16_t));
   for (int k = 0; k < K; k += 32) {
     const int n = std::min(32, K - k);
     const __mmask32 m = n == 32 ? 0xffffffffu : static_cast<__mmask32>((1u << n) - 1u);
     __m512bh wv[R];
 #pragma GCC unroll 4
     for (int i = 0; i < R; ++i) {
-      if (pf.dist) pf.ahead(W + i * ld + k);
+      if (pf.dist) pf.ahead_by(W + i * ld + k, lead);
       wv[i] = (__m512bh)_mm512_maskz_loadu_epi16(m, W + i * ld + k);
     }
 #pragma GCC unroll 8

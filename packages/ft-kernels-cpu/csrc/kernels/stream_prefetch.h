@@ -80,7 +80,13 @@ struct StreamPrefetch {
   // default (a kernel may override it); two-level, the far line always goes to L2.
   template <PrefetchHint H = Hint>
   void ahead(const void* p) const {
-    const char* q = static_cast<const char*>(p) + dist;
+    ahead_by<H>(p, dist);
+  }
+  // The same with the far line `lead` bytes ahead in place of dist (lead >= dist): for kernels that
+  // read several rows side by side, whose own rows would otherwise lie within dist of each other.
+  template <PrefetchHint H = Hint>
+  void ahead_by(const void* p, size_t lead) const {
+    const char* q = static_cast<const char*>(p) + lead;
     if (q < end) far_line<H>(q);
     if (near) {
       const char* n = static_cast<const char*>(p) + near;
