@@ -118,15 +118,17 @@ def test_pool_profile_counts_runs_and_units(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 @pytest.mark.parametrize(
-    ("threads", "experts", "units2"), [(4, 8, 64), (15, 8, 128), (16, 8, 128), (16, 1, 32), (16, 3, 96)]
+    ("threads", "experts", "units2"), [(4, 8, 72), (15, 8, 144), (16, 8, 144), (16, 1, 32), (16, 3, 96)]
 )
 def test_pass2_units_follow_the_groups_and_threads(
     threads: int, experts: int, units2: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A pass-2 unit is one expert's block of output rows: 256 rows, halved while the run's experts
-    # give fewer than 8 units per thread, never below mxfp4's own 64 rows. 2048 rows and 8 experts:
-    # 64 units of 256 rows fill 4 threads 16 times; 15 and 16 threads get 128 units of 128 rows. One
-    # expert stops at 64 rows (32 units), and so do 3 experts (96 units; 128 would need 32 rows).
+    # give fewer than 8 units per thread, never below mxfp4's own 64 rows; the last expert's blocks
+    # come in halves where those keep to the 64 rows. 2048 rows and 8 experts: 64 units of 256 rows
+    # fill 4 threads 16 times, the last expert's 8 in 16 halves (72); 15 and 16 threads get 128
+    # units of 128 rows (144 with the halves). One expert stops at 64 rows (32 units, no halves), and
+    # so do 3 experts (96 units; 128 would need 32 rows).
     monkeypatch.delenv("FT_CPU_MOE_UNIT_ROWS", raising=False)
     shape = MoeShape(2048, 64, experts, experts, 1, "swigluoai")
     mod = bench_formats.load("mxfp4")

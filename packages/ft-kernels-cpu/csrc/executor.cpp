@@ -14,6 +14,14 @@ constexpr int kMaxTopK = 64;
 constexpr int kMaxBlockRows = 256;
 }  // namespace
 
+// A counter of its own cache line: the units of different groups and blocks update theirs at once.
+struct alignas(64) Counter {
+  std::atomic<int> v{0};
+  int fetch_add(int n, std::memory_order o) { return v.fetch_add(n, o); }
+  int load(std::memory_order o) const { return v.load(o); }
+  void store(int n, std::memory_order o) { v.store(n, o); }
+};
+
 // One run of one layer, reused across runs (vectors keep their capacity).
 struct MoeJob final : PoolJob {
   const MoeExecutor::Layer* layer = nullptr;
@@ -32,13 +40,15 @@ struct MoeJob final : PoolJob {
   uint32_t n1 = 0;
   // Pass 2 work: units (group, block of rows2 output rows), groups in the same order as pass 1. A
   // unit writes its routes' values into `vals` (by member position); the unit that completes a
-  // block (the last of the G groups to finish it) sums each token's routes into y.
-  int rows2 = 16, nblk2 = 0;
+  // block (the last of the G groups to finish it) sums each token's routes into y. The last group's
+  // blocks come in `split2` parts (units of rows2 / split2 rows): the last units a run hands out are
+  // then shorter, and so is the wait of the workers that finish before them (the run's tail).
+  int rows2 = 16, nblk2 = 0, split2 = 1;
   std::vector<int> member_of_route;  // [T * k] -> position in `members`, or -1
   float* vals = nullptr;             // [routed][vals_stride]
   int vals_stride = 0;
-  std::unique_ptr<std::atomic<int>[]> group_done;  // pass-1 units done per group
-  std::unique_ptr<std::atomic<int>[]> block_done;  // groups done per pass-2 block
+  std::unique_ptr<Counter[]> group_done;  // pass-1 units done per group
+  std::unique_ptr<Counter[]> block_done;  // groups done per pass-2 block
   size_t group_done_size = 0, block_done_size = 0;
 
   float* inter = nullptr;
@@ -46,7 +56,7 @@ struct MoeJob final : PoolJob {
   uint8_t* prep = nullptr;
   size_t prep_stride = 0;
   // Pass-1 rows done per (group, prep block); the unit that completes a block prepares it.
-  std::unique_ptr<std::atomic<int>[]> prep_done;
+  std::unique_ptr<Counter[]> prep_done;
   size_t prep_done_size = 0;
   int prep_rows = 16, nprep = 0;
   float* scratch = nullptr;
@@ -63,13 +73,31 @@ struct MoeJob final : PoolJob {
       // release: the pass-2 units of the group see this unit's h rows (and the prep it may have done)
       group_done[g].fetch_add(1, std::memory_order_release);
     } else {
-      pass2(static_cast<int>(u - n1) / nblk2, static_cast<int>(u - n1) % nblk2, s);
+      int g, b, part;
+      pass2_unit(u - n1, &g, &b, &part);
+      pass2(g, b, part, s);
+    }
+  }
+
+  // Pass-2 unit u2 -> (group, block, part of the block: 0 unless the group is the last one).
+  void pass2_unit(uint32_t u2, int* g, int* b, int* part) const {
+    const uint32_t full = static_cast<uint32_t>(group_expert.size() - 1) * nblk2;
+    if (u2 < full) {
+      *g = static_cast<int>(u2 / nblk2);
+      *b = static_cast<int>(u2 % nblk2);
+      *part = 0;
+    } else {
+      *g = static_cast<int>(group_expert.size()) - 1;
+      *b = static_cast<int>((u2 - full) / split2);
+      *part = static_cast<int>((u2 - full) % split2);
     }
   }
 
   // A group's down rows need only that group's intermediate: no barrier across all of pass 1.
-  bool pass2_ready(uint32_t u2, uint32_t /*pass1_done*/, uint32_t /*n1*/) const override {
-    return group_done[u2 / static_cast<uint32_t>(nblk2)].load(std::memory_order_acquire) == nblk1;
+  bool pass2_ready(uint32_t u2) const override {
+    int g, b, part;
+    pass2_unit(u2, &g, &b, &part);
+    return group_done[g].load(std::memory_order_acquire) == nblk1;
   }
 
   void pass1(int g, int b, float* s) {
@@ -111,21 +139,25 @@ struct MoeJob final : PoolJob {
                     prep ? prep + route * prep_stride : nullptr};
   }
 
-  void pass2(int g, int b, float* s) {
+  void pass2(int g, int b, int part, float* s) {
     const MoeFormat& fmt = *layer->fmt;
-    const int h0 = b * rows2, h1 = std::min(H, h0 + rows2), rows = h1 - h0;
+    const int G = static_cast<int>(group_expert.size());
+    const int parts = g == G - 1 ? split2 : 1;
+    const int b0 = b * rows2, b1 = std::min(H, b0 + rows2);  // the block
+    const int h0 = std::min(b1, b0 + part * (rows2 / parts));  // this unit's rows of it
+    const int h1 = part == parts - 1 ? b1 : std::min(b1, h0 + rows2 / parts);
     // The group's rows once for all of its routes (in chunks), into their members' rows of `vals`.
     constexpr int kChunk = MoeFormat::kMaxTokensPerCall;
     RouteRef refs[kChunk];
-    for (int m0 = group_begin[g]; m0 < group_begin[g + 1]; m0 += kChunk) {
+    for (int m0 = group_begin[g]; h1 > h0 && m0 < group_begin[g + 1]; m0 += kChunk) {
       const int cnt = std::min(kChunk, group_begin[g + 1] - m0);
       for (int j = 0; j < cnt; ++j) refs[j] = route_ref(members[m0 + j]);
       fmt.down_rows(group_expert[g], h0, h1, refs, cnt, vals + static_cast<size_t>(m0) * vals_stride + h0,
                     vals_stride);
     }
     // acq_rel: the unit that completes the block sees every group's values of it.
-    const int G = static_cast<int>(group_expert.size());
-    if (block_done[b].fetch_add(1, std::memory_order_acq_rel) + 1 != G) return;
+    if (block_done[b].fetch_add(1, std::memory_order_acq_rel) + 1 != G - 1 + split2) return;
+    const int rows = b1 - b0;
     // Each token's routes summed in route order.
     for (int t = 0; t < T; ++t) {
       bool any = false;
@@ -135,12 +167,12 @@ struct MoeJob final : PoolJob {
         if (ids[route] < 0) continue;
         any = true;
         const float w = on_input ? 1.f : weights[route];
-        const float* v = vals + static_cast<size_t>(member_of_route[route]) * vals_stride + h0;
+        const float* v = vals + static_cast<size_t>(member_of_route[route]) * vals_stride + b0;
         for (int j = 0; j < rows; ++j) s[j] += w * v[j];
       }
       if (!any) continue;
       uint16_t* yt = y + static_cast<size_t>(t) * H;
-      for (int j = h0; j < h1; ++j) yt[j] = f32_to_bf16(s[j - h0]);
+      for (int j = b0; j < b1; ++j) yt[j] = f32_to_bf16(s[j - b0]);
     }
   }
 };
@@ -153,6 +185,7 @@ struct ReadJob final : PoolJob {
   Isa isa = Isa::scalar;
   uint64_t* sinks = nullptr;  // one per worker, 64 bytes apart
   void run_unit(uint32_t u, int worker) override;
+  bool pass2_ready(uint32_t /*u2*/) const override { return true; }  // runs pass 1 only
 };
 
 }  // namespace
@@ -508,7 +541,7 @@ void MoeExecutor::run_locked(const ft_moe_task& task) {
     job.nprep = (job.I + job.prep_rows - 1) / job.prep_rows;
     const size_t need = static_cast<size_t>(G) * job.nprep;
     if (job.prep_done_size < need) {
-      job.prep_done = std::make_unique<std::atomic<int>[]>(need);
+      job.prep_done = std::make_unique<Counter[]>(need);
       job.prep_done_size = need;
     }
     // Published to the workers by the pool's release of the job.
@@ -517,20 +550,22 @@ void MoeExecutor::run_locked(const ft_moe_task& task) {
   job.n1 = static_cast<uint32_t>(G) * job.nblk1;
   job.rows2 = L.rows2_fixed ? L.rows2 : pass2_rows_for(L.rows2, H, G, pool_.num_threads());
   job.nblk2 = (H + job.rows2 - 1) / job.rows2;
+  // Halves of the last group's blocks, where they keep to the format's unit rows (pass2_rows).
+  job.split2 = !L.rows2_fixed && job.rows2 % (2 * L.rows2) == 0 ? 2 : 1;
   job.vals = vals_.data();
   job.vals_stride = H;
   if (job.group_done_size < static_cast<size_t>(G)) {
-    job.group_done = std::make_unique<std::atomic<int>[]>(G);
+    job.group_done = std::make_unique<Counter[]>(G);
     job.group_done_size = G;
   }
   if (job.block_done_size < static_cast<size_t>(job.nblk2)) {
-    job.block_done = std::make_unique<std::atomic<int>[]>(job.nblk2);
+    job.block_done = std::make_unique<Counter[]>(job.nblk2);
     job.block_done_size = job.nblk2;
   }
   // Published to the workers by the pool's release of the job.
   for (int g = 0; g < G; ++g) job.group_done[g].store(0, std::memory_order_relaxed);
   for (int b = 0; b < job.nblk2; ++b) job.block_done[b].store(0, std::memory_order_relaxed);
-  const uint32_t n2 = static_cast<uint32_t>(G) * job.nblk2;
+  const uint32_t n2 = static_cast<uint32_t>(G - 1 + job.split2) * job.nblk2;
   pool_.run(job.n1, n2, &job);
 }
 

@@ -94,6 +94,7 @@ std::vector<int> physical_core_cpus() {
 WorkerPool::WorkerPool(int num_threads) : num_threads_(num_threads) {
   if (num_threads < 1) throw Error("num_threads must be >= 1, got " + std::to_string(num_threads));
   ticks_.resize(num_threads);
+  done_ = std::make_unique<WorkerDone[]>(num_threads);
   std::vector<int> cpus = physical_core_cpus();
   threads_.reserve(num_threads - 1);
   for (int w = 1; w < num_threads; ++w) {
@@ -120,8 +121,6 @@ void WorkerPool::run(uint32_t n1, uint32_t n2, PoolJob* job) {
   job_.store(job, std::memory_order_relaxed);
   n1_.store(n1, std::memory_order_relaxed);
   n2_.store(n2, std::memory_order_relaxed);
-  done1_.store(0, std::memory_order_relaxed);
-  done2_.store(0, std::memory_order_relaxed);
   next_.store(static_cast<uint64_t>(gen) << 32, std::memory_order_release);
   gen_.store(gen, std::memory_order_seq_cst);
   if (sleepers_.load(std::memory_order_seq_cst) > 0) {
@@ -129,11 +128,18 @@ void WorkerPool::run(uint32_t n1, uint32_t n2, PoolJob* job) {
     cv_.notify_all();
   }
   work(gen, 0);
-  while (done2_.load(std::memory_order_acquire) < n2 || done1_.load(std::memory_order_acquire) < n1) {
+  // Every unit of this run is claimed once work() returns; wait for the other workers' last ones.
+  const uint64_t target = done_total_ + n1 + n2;
+  for (;;) {
+    uint64_t sum = 0;
+    for (int w = 0; w < num_threads_; ++w) sum += done_[w].units.load(std::memory_order_acquire);
+    if (sum == target) break;
     cpu_relax();
   }
+  done_total_ = target;
   const uint64_t t_end = ticks();
-  // Every unit's end tick was written before its done counter's release; the loads above acquired them.
+  // Every unit's end tick was written before its worker's done count's release; the loads above
+  // acquired them.
   for (WorkerTicks& tk : ticks_) {
     if (tk.last_end > t0) tail_ += t_end - tk.last_end;
   }
@@ -165,6 +171,7 @@ void WorkerPool::reset_profile() {
 
 void WorkerPool::work(uint32_t gen, int worker) {
   WorkerTicks& tk = ticks_[worker];
+  std::atomic<uint64_t>& done = done_[worker].units;
   bool first = true;
   uint64_t cur = next_.load(std::memory_order_acquire);
   for (;;) {
@@ -189,17 +196,17 @@ void WorkerPool::work(uint32_t gen, int worker) {
       tk.last_end = ticks();
       tk.busy[0] += tk.last_end - t0;
       ++tk.units[0];
-      done1_.fetch_add(1, std::memory_order_acq_rel);
     } else {
-      while (!job->pass2_ready(unit - n1, done1_.load(std::memory_order_acquire), n1)) cpu_relax();
+      while (!job->pass2_ready(unit - n1)) cpu_relax();
       const uint64_t t1 = ticks();
       tk.barrier += t1 - t0;
       job->run_unit(unit, worker);
       tk.last_end = ticks();
       tk.busy[1] += tk.last_end - t1;
       ++tk.units[1];
-      done2_.fetch_add(1, std::memory_order_acq_rel);
     }
+    // Only this worker writes its count: a plain increment, released for run()'s caller.
+    done.store(done.load(std::memory_order_relaxed) + 1, std::memory_order_release);
     cur = next_.load(std::memory_order_acquire);
   }
 }

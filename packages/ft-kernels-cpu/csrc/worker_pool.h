@@ -1,6 +1,6 @@
 // A fixed pool of worker threads, one pinned per physical core, that runs a two-phase job:
 // units [0, n1) (pass 1), then units [n1, n1 + n2) (pass 2). Units are claimed in order; a pass-2
-// unit starts once the job says its inputs are ready (by default: once all of pass 1 is done).
+// unit starts once the job says its inputs are ready (the job tracks what its units depend on).
 //
 // The calling thread is worker 0 and takes units like the others, so a pool of N threads starts
 // N - 1 background threads. Idle workers spin briefly on the job generation, then sleep.
@@ -9,6 +9,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -20,10 +21,11 @@ class PoolJob {
   virtual ~PoolJob() = default;
   // Runs one unit; `worker` is in [0, num_threads) and selects per-worker scratch.
   virtual void run_unit(uint32_t unit, int worker) = 0;
-  // Whether pass-2 unit `u2` (counted from the first pass-2 unit) may start, given how many of the n1
-  // pass-1 units are done. Polled while it returns false, so it must become true once the pass-1
-  // units it depends on are done: units are claimed in order, so those are already running.
-  virtual bool pass2_ready(uint32_t /*u2*/, uint32_t pass1_done, uint32_t n1) const { return pass1_done == n1; }
+  // Whether pass-2 unit `u2` (counted from the first pass-2 unit) may start. Polled while it returns
+  // false, so it must become true once the pass-1 units it depends on are done: units are claimed in
+  // order, so those are already running. The pool keeps no shared count of finished units (one
+  // contended atomic per unit less on 16 cores); a job counts what its pass-2 units need.
+  virtual bool pass2_ready(uint32_t u2) const = 0;
 };
 
 // Logical CPUs this process may run on, one per physical core, in ascending order.
@@ -60,6 +62,11 @@ class WorkerPool {
   void reset_profile();
 
  private:
+  // Units a worker finished, over the pool's life; written by that worker only, read by run()'s
+  // caller to know when a run is complete.
+  struct alignas(64) WorkerDone {
+    std::atomic<uint64_t> units{0};
+  };
   struct alignas(64) WorkerTicks {
     uint64_t busy[2] = {0, 0};
     uint64_t barrier = 0;
@@ -77,13 +84,13 @@ class WorkerPool {
   // Claim word: generation in the high 32 bits, next unit in the low 32 bits. A claim is a CAS that
   // only succeeds for the current generation, so a late worker can never take a unit of a newer job.
   alignas(64) std::atomic<uint64_t> next_{0};
-  alignas(64) std::atomic<uint32_t> done1_{0};
-  alignas(64) std::atomic<uint32_t> done2_{0};
   alignas(64) std::atomic<uint32_t> gen_{0};
   std::atomic<uint32_t> n1_{0}, n2_{0};
   std::atomic<PoolJob*> job_{nullptr};
   std::atomic<uint64_t> run_start_{0};  // tick at which the current run began (profile)
   std::vector<WorkerTicks> ticks_;  // one per worker, each written only by its worker
+  std::unique_ptr<WorkerDone[]> done_;  // one per worker
+  uint64_t done_total_ = 0;             // sum of done_ after the last run (run()'s caller)
   uint64_t runs_ = 0, wall_ = 0, tail_ = 0;  // written by the thread that calls run()
 
   std::mutex mutex_;
