@@ -377,7 +377,6 @@ def test_prefetch_defaults_by_vendor_and_layer(monkeypatch: pytest.MonkeyPatch) 
 def test_two_level_prefetch_default_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FT_CPU_MOE_PREFETCH_L1", raising=False)
     monkeypatch.delenv("FT_CPU_MOE_PREFETCH", raising=False)
-    intel = _cpu_is_intel()
     # Two levels for pools of up to 4 threads, and for bf16 layers at any pool size (docs/benchmarks.md,
     # tenth and thirteenth sessions); one level above. bf16 layers on AMD prefetch in calls over
     # several vectors only, and take the L1 level for those.

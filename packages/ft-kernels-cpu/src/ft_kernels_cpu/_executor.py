@@ -64,7 +64,7 @@ class MoeExecutor:
             the best tier of the CPU. A tier the CPU lacks raises.
         prefetch_bytes: software prefetch distance of the weight streams (a multiple of 64 in
             [0, 65536], 0 = hardware prefetch only); None uses ``$FT_CPU_MOE_PREFETCH``, else 8192
-            (bf16 layers on AMD then take 0 in one-token calls; ``layer_prefetch_bytes`` reports a
+            (bf16 layers on AMD then take 0 in one-vector calls; ``layer_prefetch_bytes`` reports a
             layer's distances).
             With ``$FT_CPU_MOE_PREFETCH_L1`` (bytes, a multiple of 64 in [0, 65536]) the far lines go
             to L2 and a second prefetch that many bytes ahead to L1; the default is 1024 with at
@@ -120,7 +120,8 @@ class MoeExecutor:
         ``prefetch_bytes``, except that when neither ``prefetch_bytes`` nor ``$FT_CPU_MOE_PREFETCH``
         is set a format may use its own measured default (bf16 on AMD: 0 for one vector).
         """
-        return self._native.layer_prefetch_bytes(_check_int("layer", layer, 0), _check_int("vectors", vectors, 1, 8))
+        layer = _check_int("layer", layer, 0)
+        return self._native.layer_prefetch_bytes(layer, _check_int("vectors", vectors, 1, 8))
 
     def layer_prefetch_l1_bytes(self, layer: int) -> int:
         """L1 distance of the two-level prefetch for ``layer``'s kernels (0: one level).

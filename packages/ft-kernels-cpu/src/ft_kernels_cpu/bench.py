@@ -281,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         "--prefetch",
         type=int,
         default=None,
-        help="software prefetch distance, bytes (default: $FT_CPU_MOE_PREFETCH, else 8192; bf16 on AMD 0 in one-token calls)",
+        help="software prefetch distance, bytes (default: $FT_CPU_MOE_PREFETCH, else 8192; bf16 on AMD: 0 "
+        "in one-vector calls)",
     )
     p.add_argument("--json", action="store_true", help="end with one JSON line per format")
     a = p.parse_args(argv)
