@@ -29,6 +29,7 @@
 #include <type_traits>
 
 #include "amx_tiles.h"
+#include "bf16_pairs.h"
 #include "dispatch_n.h"
 #include "fp4_avx512.h"
 #include "fp4_common.h"
@@ -403,21 +404,7 @@ FT_TARGET_AVX512_BF16 inline void step_bf16_pair(const uint8_t* w0, const uint8_
   __m512i wd0[4], wd1[4];
   decode_step(w0, blocks, lut, wd0);
   decode_step(w1, blocks, lut, wd1);
-#pragma GCC unroll 8
-  for (int j = 0; j < NV; ++j) {
-    const uint16_t* x = static_cast<const uint16_t*>(xs[j]) + 128 * st;
-    __m512bh xv = (__m512bh)_mm512_loadu_si512(x);
-    __m512 t0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)wd0[0], xv);
-    __m512 t1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)wd1[0], xv);
-#pragma GCC unroll 3
-    for (int q = 1; q < 4; ++q) {
-      xv = (__m512bh)_mm512_loadu_si512(x + 32 * q);
-      t0 = _mm512_dpbf16_ps(t0, (__m512bh)wd0[q], xv);
-      t1 = _mm512_dpbf16_ps(t1, (__m512bh)wd1[q], xv);
-    }
-    acc0[j] = _mm512_fmadd_ps(t0, sc0, acc0[j]);
-    acc1[j] = _mm512_fmadd_ps(t1, sc1, acc1[j]);
-  }
+  dot128_pair_bf16<NV>(wd0, wd1, sc0, sc1, xs, 128 * static_cast<size_t>(st), acc0, acc1);
 }
 
 template <int NV>

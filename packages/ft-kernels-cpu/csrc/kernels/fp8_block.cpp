@@ -25,6 +25,7 @@
 
 #include "format.h"
 #include "kernels/amx_tiles.h"
+#include "kernels/bf16_pairs.h"
 #include "kernels/fp8nv_common.h"
 
 namespace ft {
@@ -358,22 +359,8 @@ FT_TARGET_AVX512_BF16 void fp8_row_pair_bf16x(const uint8_t* w0, const uint8_t* 
     __m512i a[4], b[4];
     e4m3x128_bf16(_mm512_loadu_si512(w0 + c0), _mm512_loadu_si512(w0 + c0 + 64), a[0], a[1], a[2], a[3]);
     e4m3x128_bf16(_mm512_loadu_si512(w1 + c0), _mm512_loadu_si512(w1 + c0 + 64), b[0], b[1], b[2], b[3]);
-    const __m512 s0 = _mm512_set1_ps(S0[c]), s1 = _mm512_set1_ps(S1[c]);
-#pragma GCC unroll 8
-    for (int j = 0; j < N; ++j) {
-      const uint16_t* xc = xs[j] + static_cast<size_t>(c) * 128;
-      __m512bh xv = (__m512bh)_mm512_loadu_si512(xc);
-      __m512 p0 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)a[0], xv);
-      __m512 p1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)b[0], xv);
-#pragma GCC unroll 3
-      for (int q = 1; q < 4; ++q) {
-        xv = (__m512bh)_mm512_loadu_si512(xc + 32 * q);
-        p0 = _mm512_dpbf16_ps(p0, (__m512bh)a[q], xv);
-        p1 = _mm512_dpbf16_ps(p1, (__m512bh)b[q], xv);
-      }
-      t0[j] = _mm512_fmadd_ps(p0, s0, t0[j]);
-      t1[j] = _mm512_fmadd_ps(p1, s1, t1[j]);
-    }
+    dot128_pair_bf16<N>(a, b, _mm512_set1_ps(S0[c]), _mm512_set1_ps(S1[c]), xs, static_cast<size_t>(c) * 128, t0,
+                        t1);
   }
 #pragma GCC unroll 8
   for (int j = 0; j < N; ++j) {
