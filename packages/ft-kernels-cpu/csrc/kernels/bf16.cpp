@@ -169,6 +169,26 @@ FT_TARGET_AVX512_BF16 void dot_row_multi_bf16x(const uint16_t* w, const uint16_t
   for (int j = 0; j < N; ++j) out[j * os] = _mm512_reduce_add_ps(acc[j]);
 }
 
+// The accumulators of the row-block kernels below (R rows x N vectors): zeroed, and summed into
+// out[j * os + i]. Every loop unrolled, so that GCC keeps them in registers (without the pragmas
+// it kept the arrays in memory, a store per accumulator and step).
+template <int R, int N>
+FT_TARGET_AVX512 inline void block_zero(__m512 (&acc)[R][N]) {
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
+  }
+}
+template <int R, int N>
+FT_TARGET_AVX512 inline void block_store(const __m512 (&acc)[R][N], float* out, int os) {
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < N; ++j) out[j * os + i] = _mm512_reduce_add_ps(acc[i][j]);
+  }
+}
+
 // R rows and N vectors at once: each vector's line is loaded once for the R rows. Zen 4 loads one
 // 512-bit line a cycle and runs VDPBF16PS at about one a cycle, and one row with 8 vectors spends 9
 // loads on 8 products: from L3 it ran at ~21 cycles per 64 bytes of weights, R = 3 at ~12-15
@@ -180,11 +200,7 @@ template <int N, int R>
 FT_TARGET_AVX512_BF16 void dot_rows_block_bf16x(const uint16_t* W, size_t ld, const uint16_t* const* xs, int K,
                                                 float* out, int os, const Prefetch& pf) {
   __m512 acc[R][N];
-#pragma GCC unroll 4
-  for (int i = 0; i < R; ++i) {
-#pragma GCC unroll 8
-    for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
-  }
+  block_zero(acc);
   const size_t lead = std::max(static_cast<size_t>(pf.dist), R * ld * sizeof(uint16_t));
   for (int k = 0; k < K; k += 32) {
     const int n = std::min(32, K - k);
@@ -202,11 +218,7 @@ FT_TARGET_AVX512_BF16 void dot_rows_block_bf16x(const uint16_t* W, size_t ld, co
       for (int i = 0; i < R; ++i) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv[i], xv);
     }
   }
-#pragma GCC unroll 4
-  for (int i = 0; i < R; ++i) {
-#pragma GCC unroll 8
-    for (int j = 0; j < N; ++j) out[j * os + i] = _mm512_reduce_add_ps(acc[i][j]);
-  }
+  block_store(acc, out, os);
 }
 
 // Rows per block for N vectors: as many as the 32 zmm registers hold (R * N accumulators, R weight
@@ -220,11 +232,7 @@ template <int N, int R>
 FT_TARGET_AVX512 void dot_rows_block_avx512(const uint16_t* W, size_t ld, const float* const* xs, int K, float* out,
                                             int os, const Prefetch& pf) {
   __m512 acc[R][N];
-#pragma GCC unroll 4
-  for (int i = 0; i < R; ++i) {
-#pragma GCC unroll 8
-    for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
-  }
+  block_zero(acc);
   const size_t lead = std::max(static_cast<size_t>(pf.dist), R * ld * sizeof(uint16_t));
   for (int k = 0; k < K; k += 16) {
     const int n = std::min(16, K - k);
@@ -243,11 +251,7 @@ FT_TARGET_AVX512 void dot_rows_block_avx512(const uint16_t* W, size_t ld, const 
       for (int i = 0; i < R; ++i) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
     }
   }
-#pragma GCC unroll 4
-  for (int i = 0; i < R; ++i) {
-#pragma GCC unroll 8
-    for (int j = 0; j < N; ++j) out[j * os + i] = _mm512_reduce_add_ps(acc[i][j]);
-  }
+  block_store(acc, out, os);
 }
 
 #endif  // FT_X86
