@@ -727,6 +727,43 @@ __attribute__((always_inline)) inline void q4_0_group(const uint8_t* p, int nblk
   }
 }
 
+// Two rows against NV vectors, a whole group of 8 blocks each: every vector's record lines are
+// loaded once for both rows (Zen 4 loads one 512-bit line a cycle; docs/benchmarks.md, fourteenth
+// session). Each row's arithmetic is exactly q4_0_group<NV>'s with nblk = 8.
+template <int NV>
+__attribute__((always_inline)) inline void q4_0_group_pair(const uint8_t* p0, const uint8_t* p1, const Q8Ref* xs,
+                                                           size_t xo, __m512i isc, __m512* acc0, __m512* acc1) {
+  const __m512i m = _mm512_set1_epi8(15);
+  __m512i q00, q01, q10, q11;
+  Q4_0::codes(p0, q00, q01);
+  Q4_0::codes(p1, q10, q11);
+  const __m512i sw0 = _mm512_permutex2var_epi16(ld512(p0), isc, ld512(p0 + 64));
+  const __m512i sw1 = _mm512_permutex2var_epi16(ld512(p1), isc, ld512(p1 + 64));
+  const __m512 ws00 = _mm512_cvtph_ps(_mm512_castsi512_si256(sw0));
+  const __m512 ws01 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(sw0, 1));
+  const __m512 ws10 = _mm512_cvtph_ps(_mm512_castsi512_si256(sw1));
+  const __m512 ws11 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(sw1, 1));
+  const __m512i l00 = _mm512_and_si512(q00, m), h00 = high_nibbles(q00);
+  const __m512i l01 = _mm512_and_si512(q01, m), h01 = high_nibbles(q01);
+  const __m512i l10 = _mm512_and_si512(q10, m), h10 = high_nibbles(q10);
+  const __m512i l11 = _mm512_and_si512(q11, m), h11 = high_nibbles(q11);
+#pragma GCC unroll 8
+  for (int j = 0; j < NV; ++j) {
+    const uint8_t* x = xs[j].q + xo;
+    const __m512i x0 = ld512(x), x1 = ld512(x + 64), x2 = ld512(x + 128), x3 = ld512(x + 192);
+    const __m512i o0 = ld512(x + 256), o1 = ld512(x + 320);
+    const __m512 dx = _mm512_set1_ps(load_f32(x + 384));
+    const __m512i s00 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(o0, l00, x0), h00, x1);
+    const __m512i s01 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(o1, l01, x2), h01, x3);
+    const __m512i s10 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(o0, l10, x0), h10, x1);
+    const __m512i s11 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(o1, l11, x2), h11, x3);
+    const __m512 g0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s01), ws01, _mm512_mul_ps(_mm512_cvtepi32_ps(s00), ws00));
+    const __m512 g1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s11), ws11, _mm512_mul_ps(_mm512_cvtepi32_ps(s10), ws10));
+    acc0[j] = _mm512_fmadd_ps(g0, dx, acc0[j]);
+    acc1[j] = _mm512_fmadd_ps(g1, dx, acc1[j]);
+  }
+}
+
 // R rows of one vector at once, whole groups of 8 blocks: x's record is loaded once for the R rows;
 // each row's arithmetic is exactly q4_0_group<1>'s.
 template <int R>
@@ -779,6 +816,29 @@ void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, f
         }
       }
       _mm_storeu_ps(out + r, rowred::hsum_x4(acc[0], acc[1], acc[2], acc[3]));
+    }
+  } else {
+    // 2 rows at a time, read as one stream at twice the pace; a last partial group row by row
+    for (; r + 2 <= nrows; r += 2) {
+      const uint8_t* w0 = W + r * ld;
+      const uint8_t* w1 = w0 + ld;
+      __m512 acc0[NV], acc1[NV];
+#pragma GCC unroll 8
+      for (int j = 0; j < NV; ++j) acc0[j] = acc1[j] = _mm512_setzero_ps();
+      int g = 0;
+      for (; g < nfull; ++g) {
+        if (prefetch) pf.advance(w0 + 2 * g * 144);
+        q4_0_group_pair<NV>(w0 + g * 144, w1 + g * 144, xs, static_cast<size_t>(g) * kQ4_0XGroupBytes, isc, acc0,
+                            acc1);
+      }
+      if (8 * g < nb) {
+        if (prefetch) pf.advance(w0 + 2 * g * 144);
+        const size_t xo = static_cast<size_t>(g) * kQ4_0XGroupBytes;
+        q4_0_group<NV>(w0 + g * 144, nb - 8 * g, xs, xo, ic0, ic1, isc, acc0);
+        q4_0_group<NV>(w1 + g * 144, nb - 8 * g, xs, xo, ic0, ic1, isc, acc1);
+      }
+      rowred::store_sums(acc0, NV, out + r, os);
+      rowred::store_sums(acc1, NV, out + r + 1, os);
     }
   }
   for (; r < nrows; ++r) {
