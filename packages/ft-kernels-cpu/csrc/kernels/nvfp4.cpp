@@ -300,6 +300,48 @@ FT_TARGET_AVX512_BF16 void nvfp4_rows4_vnni(const uint8_t* w, const uint8_t* sc,
                                 _mm_set1_ps(0.5f * fp8nv::kE4m3Fp16Unscale)));
 }
 
+// 2 consecutive rows against N >= 2 vectors, K a multiple of 256: each vector's block record is
+// loaded once for both rows (Zen 4 loads one 512-bit line a cycle; docs/benchmarks.md, fourteenth
+// session). Each row's arithmetic is exactly nvfp4_row_vnni<N>'s. The two rows' span is prefetched
+// as one stream at twice the pace.
+template <int N>
+FT_TARGET_AVX512_BF16 void nvfp4_rows2_vnni(const uint8_t* w, const uint8_t* sc, size_t ldw, size_t lds,
+                                            const uint8_t* const* xs, int K, float* out, int os, const Prefetch& pf) {
+  __m512 acc0[N], acc1[N];
+#pragma GCC unroll 8
+  for (int j = 0; j < N; ++j) acc0[j] = acc1[j] = _mm512_setzero_ps();
+  for (int c = 0; c < K; c += 256) {
+    const uint8_t* wb0 = w + c / 2;
+    const uint8_t* wb1 = wb0 + ldw;
+    if (pf.dist) {
+      for (int o = 0; o < 256; o += 64) pf.ahead(w + c + o);
+    }
+    __m512i q0[4], q1[4];
+    vnni_codes(_mm512_loadu_si512(wb0), _mm512_loadu_si512(wb0 + 64), q0);
+    vnni_codes(_mm512_loadu_si512(wb1), _mm512_loadu_si512(wb1 + 64), q1);
+    const __m512 S0 = fp8nv::e4m3x16_nan_avx512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + c / 16)));
+    const __m512 S1 =
+        fp8nv::e4m3x16_nan_avx512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + lds + c / 16)));
+#pragma GCC unroll 8
+    for (int j = 0; j < N; ++j) {
+      const uint8_t* xr = xs[j] + static_cast<size_t>(c / 256) * kVnniBlockBytes;
+      const __m512i start = _mm512_loadu_si512(xr + 256);
+      __m512i t0 = start, t1 = start;
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; ++p) {
+        const __m512i xv = _mm512_loadu_si512(xr + 64 * p);
+        t0 = _mm512_dpbusd_epi32(t0, q0[p], xv);
+        t1 = _mm512_dpbusd_epi32(t1, q1[p], xv);
+      }
+      const __m512 d = _mm512_loadu_ps(xr + 320);
+      acc0[j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(t0), S0), d, acc0[j]);
+      acc1[j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(t1), S1), d, acc1[j]);
+    }
+  }
+  rowred::store_sums(acc0, N, out, os, 0.5f * fp8nv::kE4m3Fp16Unscale);
+  rowred::store_sums(acc1, N, out + 1, os, 0.5f * fp8nv::kE4m3Fp16Unscale);
+}
+
 // Blocks of v[k0, k1) (k0 a multiple of 256, k1 - k0 a multiple of 16) into dst (the whole vector's).
 // Per group of 16: amax, q = round-to-nearest-even(v * 127 / amax) (MXCSR default); the int32 ->
 // int8 narrowing saturates (|v * 127 / amax| <= 127 up to rounding).
@@ -425,6 +467,15 @@ void nvfp4_rows(Isa isa, const uint8_t* W, const uint8_t* SC, const float* G, in
       for (; r + 4 <= nrows; r += 4) {
         nvfp4_rows4_vnni(W + r * ldw, SC + r * lds, ldw, lds, xq, K, out + r, pf);
         for (int i = 0; i < 4; ++i) out[r + i] *= G[r + i];
+      }
+    }
+    if (isa == Isa::avx512_bf16 && n >= 2 && K % 256 == 0) {
+      const uint8_t* const* xq = reinterpret_cast<const uint8_t* const*>(xs);
+      for (; r + 2 <= nrows; r += 2) {
+        dispatch_n(n, [&](auto nv) {
+          nvfp4_rows2_vnni<decltype(nv)::value>(W + r * ldw, SC + r * lds, ldw, lds, xq, K, out + r, os, pf);
+        });
+        for (int j = 0; j < n; ++j) out[j * os + r] *= G[r], out[j * os + r + 1] *= G[r + 1];
       }
     }
     for (; r < nrows; ++r) {
