@@ -932,11 +932,13 @@ void q8a_prep_vec(const float* v, int i0, int i1, void* out) {
 
 #if FT_X86
 namespace {
-// One call of an int8 row kernel: the vectors as bytes, the weight and scale streams, and
-// `kernel(nv, xq, pf)` with the call's number of vectors as a compile-time constant nv.
+// One call of an int8 row kernel: the vectors as bytes (at most kMaxVectors), the weight and scale
+// streams, and `kernel(nv, xq, pf)` with the call's number of vectors as a compile-time constant nv.
 template <class Kernel>
 void q8_call(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K, int prefetch,
              Kernel kernel) {
+  if (nrows <= 0 || n <= 0) return;
+  n = std::min(n, kMaxVectors);
   const uint8_t* xq[kMaxVectors];
   for (int j = 0; j < n; ++j) xq[j] = static_cast<const uint8_t*>(xs[j]);
   const size_t wbytes = static_cast<size_t>(nrows) * (K / 2), sbytes = static_cast<size_t>(nrows) * (K / 32);
@@ -948,42 +950,36 @@ void q8_call(const uint8_t* W, const uint8_t* S, int nrows, const void* const* x
 
 void q8a_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
                         float* out, int os, int prefetch) {
-  if (nrows <= 0 || n <= 0) return;
 #if FT_X86
-  auto kernel = [&](auto nv, const uint8_t* const* xq, const Streams& pf) {
+  q8_call(W, S, nrows, xs, n, K, prefetch, [&](auto nv, const uint8_t* const* xq, const Streams& pf) {
     dot_rows_q8a<decltype(nv)::value>(W, S, nrows, xq, K, out, os, pf);
-  };
-  q8_call(W, S, nrows, xs, std::min(n, kMaxVectors), K, prefetch, kernel);
+  });
 #else
-  (void)W, (void)S, (void)xs, (void)K, (void)out, (void)os, (void)prefetch;
+  (void)W, (void)S, (void)nrows, (void)xs, (void)n, (void)K, (void)out, (void)os, (void)prefetch;
   throw Error("fp4 int8 kernels need x86 (AVX2)");
 #endif
 }
 
 void q8_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
                        float* out, int os, int prefetch) {
-  if (nrows <= 0 || n <= 0) return;
 #if FT_X86
-  auto kernel = [&](auto nv, const uint8_t* const* xq, const Streams& pf) {
+  q8_call(W, S, nrows, xs, n, K, prefetch, [&](auto nv, const uint8_t* const* xq, const Streams& pf) {
     dot_rows_q8<decltype(nv)::value>(W, S, nrows, xq, K, out, os, pf);
-  };
-  q8_call(W, S, nrows, xs, std::min(n, kMaxVectors), K, prefetch, kernel);
+  });
 #else
-  (void)W, (void)S, (void)xs, (void)K, (void)out, (void)os, (void)prefetch;
+  (void)W, (void)S, (void)nrows, (void)xs, (void)n, (void)K, (void)out, (void)os, (void)prefetch;
   throw Error("fp4 int8 kernels need x86 (AVX512-VNNI)");
 #endif
 }
 
 void q8g_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
                         float* out, int os, int prefetch) {
-  if (nrows <= 0 || n <= 0) return;
 #if FT_X86
-  auto kernel = [&](auto nv, const uint8_t* const* xq, const Streams& pf) {
+  q8_call(W, S, nrows, xs, n, K, prefetch, [&](auto nv, const uint8_t* const* xq, const Streams& pf) {
     dot_rows_q8g<decltype(nv)::value>(W, S, nrows, xq, K, out, os, pf);
-  };
-  q8_call(W, S, nrows, xs, std::min(n, kMaxVectors), K, prefetch, kernel);
+  });
 #else
-  (void)W, (void)S, (void)xs, (void)K, (void)out, (void)os, (void)prefetch;
+  (void)W, (void)S, (void)nrows, (void)xs, (void)n, (void)K, (void)out, (void)os, (void)prefetch;
   throw Error("fp4 int8 kernels need x86 (AVX512-VNNI)");
 #endif
 }
