@@ -123,6 +123,38 @@ def test_matches_float64_reference(isa: str, act: str, T: int) -> None:
     run_case(isa, act, T, rng, B)
 
 
+@pytest.mark.parametrize("T", [1, 3, 8])
+@pytest.mark.parametrize("act", ACTIVATIONS)
+def test_whole_32_element_groups(isa: str, act: str, T: int) -> None:
+    # H, I and the block size multiples of 32: the avx2 tier's permuted path (x and the intermediate
+    # reordered per 32 elements), which the odd sizes above never take. The order and scale of the
+    # prepared vectors and the 2^56 unscale all show in the result: a build whose unscale is 2^55
+    # fails here.
+    rng = np.random.default_rng([TIERS.index(isa), ACTIVATIONS.index(act), T, 32])
+    B = [32, 64, 128, 96][(ACTIVATIONS.index(act) + T) % 4]
+    H, I = 32 * int(rng.integers(3, 10)), 32 * int(rng.integers(1, 5))
+    run_case(isa, act, T, rng, B, H=H, I=I)
+
+
+@pytest.mark.parametrize("x_scale", [2.0**-20, 2.0**20])
+def test_activations_far_from_one(isa: str, x_scale: float) -> None:
+    # x scaled by 2^20 (the intermediate near 2^40, times 2^64 near 2^104 in the permuted path) and
+    # by 2^-20 (the intermediate near 2^-40, its products with the weights near 2^-110 before the
+    # unscale): every tier keeps the relative error of O(1) inputs.
+    rng = np.random.default_rng(5)
+    E, H, I, B, T, top_k = 3, 128, 96, 32, 3, 2
+    banks = make_layer(rng, E, H, I, B)
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=4, num_threads=2, isa=isa)
+    ex.add_layer(0, "fp8_block", num_experts=E, intermediate=I, banks=banks, options={"block_size": B})
+    x, ids, w = random_inputs(rng, T, H, top_k, E)
+    x = (x.astype(np.float64) * x_scale).astype(BF16)
+    with np.errstate(over="ignore"):  # exp(-g) of the reference's silu for g near -2^20: g / inf = -0
+        ref, scale = reference(banks, x, ids, w, I, B, "silu")
+    y = ex.run(0, x, ids, w)
+    assert np.isfinite(y.astype(np.float64)).all()
+    check(y, ref, scale, isa)
+
+
 def test_large_blocks_partial_at_both_edges(isa: str) -> None:
     # H and I larger than one 128-block and not multiples of it: the last row-block of gate (and of
     # up, which starts at scale row nb(I)) and the last column-block are partial.
@@ -155,15 +187,16 @@ def test_router_weight_on_input(isa: str) -> None:
 
 def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
     rng = np.random.default_rng(3)
-    E, H, I, top_k, T, B = 8, 300, 200, 6, 8, 64
-    banks = make_layer(rng, E, H, I, B)
-    x, ids, w = random_inputs(rng, T, H, top_k, E)
-    assert_bits_do_not_depend_on_thread_count(
-        isa, "fp8_block", banks, x, ids, w, num_experts=E, intermediate=I, options={"block_size": B}
-    )
+    # Odd sizes, then multiples of 32 (the avx2 tier's permuted path).
+    for E, H, I, top_k, T, B in ((8, 300, 200, 6, 8, 64), (8, 320, 192, 6, 8, 64)):
+        banks = make_layer(rng, E, H, I, B)
+        x, ids, w = random_inputs(rng, T, H, top_k, E)
+        assert_bits_do_not_depend_on_thread_count(
+            isa, "fp8_block", banks, x, ids, w, num_experts=E, intermediate=I, options={"block_size": B}
+        )
 
 
-@pytest.mark.parametrize("B", [48, 128])
+@pytest.mark.parametrize("B", [32, 48, 128])
 def test_zero_and_subnormal_codes(isa: str, B: int) -> None:
     # Only codes with exponent 0 or 1 (both zeros, the subnormals m * 2^-9, the smallest normals),
     # scaled up to O(1) dot products: a wrong subnormal decode (the bf16 tier's fix-up path) shows at
@@ -172,7 +205,9 @@ def test_zero_and_subnormal_codes(isa: str, B: int) -> None:
     # bf16 tier's whole-block path (two chunks decoded together) on full blocks, then a partial one.
     rng = np.random.default_rng(17)
     E, top_k, T = 3, 2, 3
-    H, I = (200, 100) if B == 48 else (300, 260)
+    # B = 32 with H = 224 and I = 96: the avx2 tier's permuted path (subnormal codes as fp32
+    # subnormals).
+    H, I = {32: (224, 96), 48: (200, 100), 128: (300, 260)}[B]
     banks = make_layer(rng, E, H, I, B)
     for name in ("w13", "w2"):
         banks[name] = (

@@ -97,6 +97,86 @@ FT_TARGET_AVX2 __attribute__((always_inline)) inline void fp8_block_avx2(const u
   }
 }
 
+// The order-permuted path of the avx2 tier (layers whose block size, H and I are multiples of 32):
+// 32 weight bytes at a time become fp32 bit patterns with two byte unpacks, a shift and an AND per
+// 16 and two word unpacks per 8, with no VPMOVSXBW or VCVTPH2PS (on Zen 3 the 4 sign extensions and
+// 8 conversions per 64 bytes of the fp16 decode above held a core at ~14 cycles per 64 weights in
+// L1; this decode took ~11, docs/benchmarks.md). A byte b as the high word of an fp32 (b << 8,
+// shifted right by 4 with its sign, bits 14..11 cleared) puts the sign at bit 31 and eeeemmm at
+// bits 26..20: the e4m3 value times 2^-120, exactly, subnormal codes as fp32 subnormals. The word
+// unpacks work within 128-bit lanes, so the 4 vectors of a 32-byte step hold elements
+// {0-3, 16-19}, {4-7, 20-23}, {8-11, 24-27}, {12-15, 28-31}; x and the intermediate are stored in that
+// order per 32 elements (perm_x_avx2) and scaled by 2^64: the products w * x * 2^-56 stay clear of
+// the fp32 subnormal range for |w * x| >= 2^-70, and x' is finite for |x| < 2^64 (a bf16 activation
+// of 2^64 or more becomes inf here). The totals are multiplied back by 2^56 (powers of two: exact).
+constexpr float kPermXScale = 0x1p64f, kPermUnscale = 0x1p56f;
+
+FT_TARGET_AVX2 inline void e4m3x32_perm_avx2(__m256i b, __m256i* d) {
+  const __m256i z = _mm256_setzero_si256(), m = _mm256_set1_epi16(static_cast<short>(0x87FF));
+  const __m256i lo = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpacklo_epi8(z, b), 4), m);
+  const __m256i hi = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpackhi_epi8(z, b), 4), m);
+  d[0] = _mm256_unpacklo_epi16(z, lo);
+  d[1] = _mm256_unpackhi_epi16(z, lo);
+  d[2] = _mm256_unpacklo_epi16(z, hi);
+  d[3] = _mm256_unpackhi_epi16(z, hi);
+}
+
+// v[k0, k1) (multiples of 32) times kPermXScale into d[k0, k1) in e4m3x32_perm_avx2's order.
+FT_TARGET_AVX2 void perm_x_avx2(const float* v, int k0, int k1, float* d) {
+  const __m256 sc = _mm256_set1_ps(kPermXScale);
+  for (int k = k0; k < k1; k += 32) {
+    const __m256 v0 = _mm256_loadu_ps(v + k), v1 = _mm256_loadu_ps(v + k + 8);
+    const __m256 v2 = _mm256_loadu_ps(v + k + 16), v3 = _mm256_loadu_ps(v + k + 24);
+    _mm256_storeu_ps(d + k, _mm256_mul_ps(_mm256_permute2f128_ps(v0, v2, 0x20), sc));
+    _mm256_storeu_ps(d + k + 8, _mm256_mul_ps(_mm256_permute2f128_ps(v0, v2, 0x31), sc));
+    _mm256_storeu_ps(d + k + 16, _mm256_mul_ps(_mm256_permute2f128_ps(v1, v3, 0x20), sc));
+    _mm256_storeu_ps(d + k + 24, _mm256_mul_ps(_mm256_permute2f128_ps(v1, v3, 0x31), sc));
+  }
+}
+
+// Accumulator chains per vector of the permuted path: 8 or more FMAs in flight where 16 ymm
+// registers allow (4 decoded weight vectors and 2 constants are live with them).
+constexpr int perm_chains(int N) { return N <= 2 ? 4 : N <= 4 ? 2 : 1; }
+
+// fp8_block_avx2 for the permuted path: n a multiple of 32; the 4 vectors of a step go to chains
+// i % C.
+template <int N, int C>
+FT_TARGET_AVX2 __attribute__((always_inline)) inline void fp8_block_perm_avx2(const uint8_t* wb, int n,
+                                                                              const float* const* xs, int c0,
+                                                                              __m256* a) {
+  __m256 ac[C][N];
+  for (int c = 0; c < C; ++c)
+    for (int j = 0; j < N; ++j) ac[c][j] = _mm256_setzero_ps();
+  for (int k = 0; k < n; k += 32) {
+    __m256i d[4];
+    e4m3x32_perm_avx2(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + k)), d);
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < N; ++j)
+        ac[i % C][j] = _mm256_fmadd_ps(_mm256_castsi256_ps(d[i]), _mm256_loadu_ps(xs[j] + c0 + k + 8 * i), ac[i % C][j]);
+  }
+  for (int j = 0; j < N; ++j) {
+    if constexpr (C == 4) {
+      a[j] = _mm256_add_ps(_mm256_add_ps(ac[0][j], ac[1][j]), _mm256_add_ps(ac[2][j], ac[3][j]));
+    } else if constexpr (C == 2) {
+      a[j] = _mm256_add_ps(ac[0][j], ac[1][j]);
+    } else {
+      a[j] = ac[0][j];
+    }
+  }
+}
+
+// One column block of a row for N vectors, by the path P (false: fp16 decode, true: permuted).
+template <int N, bool P>
+FT_TARGET_AVX2 __attribute__((always_inline)) inline void fp8_block_any_avx2(const uint8_t* wb, int n,
+                                                                             const float* const* xs, int c0,
+                                                                             __m256* a) {
+  if constexpr (P) {
+    fp8_block_perm_avx2<N, perm_chains(N)>(wb, n, xs, c0, a);
+  } else {
+    fp8_block_avx2<N, N == 1 ? 4 : N <= 2 ? 2 : 1>(wb, n, xs, c0, a);
+  }
+}
+
 // Rows with N fp32 vectors: per column block the fp8 x fp32 products are summed in fp32 vectors (each
 // 16 weights decoded once for all vectors), then scaled by the block's scale into a running total.
 // One or two vectors: two chains per vector (the FMA latency), totals in registers. Three or more:
@@ -104,7 +184,7 @@ FT_TARGET_AVX2 __attribute__((always_inline)) inline void fp8_block_avx2(const u
 // once per block: 2N block accumulators and N totals next to the weights did not fit the 16 ymm
 // registers, and the spills sat in the inner loop (8 vectors: 5.3x the time of one vector on a
 // 2-core Zen 3, docs/benchmarks.md).
-template <int N>
+template <int N, bool P>
 FT_TARGET_AVX2 void fp8_row_avx2(const uint8_t* w, const float* S, int B, const float* const* xs, int K, float* out,
                                  int os, const Prefetch& pf) {
   constexpr bool two = N <= 2;
@@ -121,7 +201,7 @@ FT_TARGET_AVX2 void fp8_row_avx2(const uint8_t* w, const float* S, int B, const 
     const int n = std::min(B, K - c0);
     pf.ahead_range(w + c0, n);
     __m256 a[N];
-    fp8_block_avx2<N, N == 1 ? 4 : two ? 2 : 1>(w + c0, n, xs, c0, a);
+    fp8_block_any_avx2<N, P>(w + c0, n, xs, c0, a);
     const __m256 s = _mm256_set1_ps(S[c]);
     for (int j = 0; j < N; ++j) {
       if constexpr (two) {
@@ -133,7 +213,7 @@ FT_TARGET_AVX2 void fp8_row_avx2(const uint8_t* w, const float* S, int B, const 
   }
   for (int j = 0; j < N; ++j) {
     const __m256 t = two ? tot[j] : _mm256_load_ps(totm[two ? 0 : j]);
-    out[j * os] = hsum8(t) * fp8nv::kE4m3Fp16Unscale;
+    out[j * os] = hsum8(t) * (P ? kPermUnscale : fp8nv::kE4m3Fp16Unscale);
   }
 }
 
@@ -145,7 +225,7 @@ FT_TARGET_AVX2 void fp8_row_avx2(const uint8_t* w, const float* S, int B, const 
 // kFp8Group streams of B bytes per block; the next group's lines of the same column block are
 // prefetched meanwhile.
 constexpr int kFp8Group = 8;
-template <int N>
+template <int N, bool P>
 FT_TARGET_AVX2 void fp8_group_avx2(const uint8_t* W, size_t ld, const float* const* S, int B, const float* const* xs,
                                    int K, float* out, int os, const uint8_t* next) {
   static_assert(N >= 3, "fp8_row_avx2 keeps one or two vectors' totals in registers");
@@ -157,13 +237,15 @@ FT_TARGET_AVX2 void fp8_group_avx2(const uint8_t* W, size_t ld, const float* con
         for (int o = 0; o < n; o += 64) prefetch_line(reinterpret_cast<const char*>(next + r * ld + c0 + o));
       }
       __m256 a[N];
-      fp8_block_avx2<N, 1>(W + r * ld + c0, n, xs, c0, a);
+      fp8_block_any_avx2<N, P>(W + r * ld + c0, n, xs, c0, a);
       const __m256 s = _mm256_set1_ps(S[r][c]);
       for (int j = 0; j < N; ++j) _mm256_store_ps(totm[r][j], _mm256_fmadd_ps(a[j], s, _mm256_load_ps(totm[r][j])));
     }
   }
   for (int r = 0; r < kFp8Group; ++r)
-    for (int j = 0; j < N; ++j) out[j * os + r] = hsum8(_mm256_load_ps(totm[r][j])) * fp8nv::kE4m3Fp16Unscale;
+    for (int j = 0; j < N; ++j) {
+      out[j * os + r] = hsum8(_mm256_load_ps(totm[r][j])) * (P ? kPermUnscale : fp8nv::kE4m3Fp16Unscale);
+    }
 }
 
 template <int N>
@@ -518,9 +600,10 @@ FT_TARGET_AVX512 void fill_bf16_slots_avx512(int k0, int k1, int B, uint16_t* d,
 
 // Rows r0..r0+nrows-1 of one matrix against n vectors: W points at row r0 (row stride K bytes); S is
 // the matrix's scale grid [nb(rows), nb(K)] whose row-block (r0 + r) / B scales row r;
-// out[j * os + r]. Vectors: fp32 (scalar, avx2, avx512) or bf16 in fp8_bf16_slot order (avx512_bf16).
+// out[j * os + r]. Vectors: fp32 (scalar, avx2, avx512), in perm_x_avx2's order and scale where `perm`
+// (avx2), or bf16 in fp8_bf16_slot order (avx512_bf16).
 void fp8_rows(Isa isa, const uint8_t* W, int r0, int nrows, const float* S, int B, const void* const* xs, int n,
-              int K, float* out, int os, int prefetch, int amx_min = 0) {
+              int K, float* out, int os, int prefetch, int amx_min, bool perm) {
   const int nbK = (K + B - 1) / B;
   const size_t ld = static_cast<size_t>(K);
 #if FT_X86
@@ -530,7 +613,9 @@ void fp8_rows(Isa isa, const uint8_t* W, int r0, int nrows, const float* S, int 
       nrows >= 16) {
     const int groups = nrows / 16, done = 16 * groups;
     fp8_amx_groups(W, r0, groups, S, xs, std::min(n, amx::kWide), K, out, os, prefetch);
-    if (done < nrows) fp8_rows(isa, W + done * ld, r0 + done, nrows - done, S, B, xs, n, K, out + done, os, prefetch);
+    if (done < nrows) {
+      fp8_rows(isa, W + done * ld, r0 + done, nrows - done, S, B, xs, n, K, out + done, os, prefetch, 0, false);
+    }
     return;
   }
   if (isa != Isa::scalar) {
@@ -564,19 +649,29 @@ void fp8_rows(Isa isa, const uint8_t* W, int r0, int nrows, const float* S, int 
           const uint8_t* next = r + 2 * kFp8Group <= nrows && prefetch ? w + kFp8Group * ld : nullptr;
           dispatch_n(n, [&](auto nv) {
             if constexpr (decltype(nv)::value >= 3) {
-              fp8_group_avx2<decltype(nv)::value>(w, ld, sg, B, xf, K, out + r, os, next);
+              if (perm) {
+                fp8_group_avx2<decltype(nv)::value, true>(w, ld, sg, B, xf, K, out + r, os, next);
+              } else {
+                fp8_group_avx2<decltype(nv)::value, false>(w, ld, sg, B, xf, K, out + r, os, next);
+              }
             }
           });
           r += kFp8Group - 1;
           continue;
         }
-        dispatch_n(n, [&](auto nv) { fp8_row_avx2<decltype(nv)::value>(w, s, B, xf, K, out + r, os, pf); });
+        dispatch_n(n, [&](auto nv) {
+          if (perm) {
+            fp8_row_avx2<decltype(nv)::value, true>(w, s, B, xf, K, out + r, os, pf);
+          } else {
+            fp8_row_avx2<decltype(nv)::value, false>(w, s, B, xf, K, out + r, os, pf);
+          }
+        });
       }
     }
     return;
   }
 #endif
-  (void)isa, (void)prefetch;
+  (void)isa, (void)prefetch, (void)perm;
   for (int j = 0; j < n; ++j) {
     const float* x = static_cast<const float*>(xs[j]);
     for (int r = 0; r < nrows; ++r) {
@@ -626,6 +721,16 @@ class Fp8BlockFormat final : public MoeFormat {
   int pass2_rows() const override { return kPass2Rows; }
 
   void prep_input(const TaskInput& in) override {
+    if (perm_) {
+      xp_.resize(static_cast<size_t>(in.num_tokens) * p_.hidden);
+#if FT_X86
+      for (int t = 0; t < in.num_tokens; ++t) {
+        const size_t o = static_cast<size_t>(t) * p_.hidden;
+        perm_x_avx2(in.x_f32 + o, 0, p_.hidden, xp_.data() + o);
+      }
+#endif
+      return;
+    }
     if (!bf16x()) return;
     const size_t len = fp8_bf16_len(p_.hidden, B_);
     xb_.resize(static_cast<size_t>(in.num_tokens) * len);
@@ -646,9 +751,17 @@ class Fp8BlockFormat final : public MoeFormat {
     }
   }
 
-  size_t inter_prep_bytes() const override { return bf16x() ? fp8_bf16_len(p_.intermediate, B_) * 2 : 0; }
+  size_t inter_prep_bytes() const override {
+    return perm_ ? static_cast<size_t>(p_.intermediate) * 4 : bf16x() ? fp8_bf16_len(p_.intermediate, B_) * 2 : 0;
+  }
 
   void prep_inter(const float* h, int i0, int i1, void* prepped) const override {
+#if FT_X86
+    if (perm_) {
+      perm_x_avx2(h, i0, i1, static_cast<float*>(prepped));
+      return;
+    }
+#endif
     uint16_t* d = static_cast<uint16_t*>(prepped);
 #if FT_X86
     fill_bf16_slots_avx512(
@@ -676,12 +789,13 @@ class Fp8BlockFormat final : public MoeFormat {
     const float* su = sg + static_cast<size_t>(nbI_) * nbH_;
     const void* xs[fp8nv::kMaxVectors];
     for (int j = 0; j < n; ++j) {
-      xs[j] = bf16x() ? static_cast<const void*>(xb_.data() + tokens[j] * fp8_bf16_len(p_.hidden, B_))
+      xs[j] = bf16x()  ? static_cast<const void*>(xb_.data() + tokens[j] * fp8_bf16_len(p_.hidden, B_))
+              : perm_ ? static_cast<const void*>(xp_.data() + tokens[j] * H)
                       : static_cast<const void*>(in.x_f32 + tokens[j] * H);
     }
     const int rows = i1 - i0, K = p_.hidden;
-    fp8_rows(p_.isa, base + i0 * H, i0, rows, sg, B_, xs, n, K, gate, stride, pf_, amx_min_);
-    fp8_rows(p_.isa, base + (I + i0) * H, i0, rows, su, B_, xs, n, K, up, stride, pf_, amx_min_);
+    fp8_rows(p_.isa, base + i0 * H, i0, rows, sg, B_, xs, n, K, gate, stride, pf_, amx_min_, perm_);
+    fp8_rows(p_.isa, base + (I + i0) * H, i0, rows, su, B_, xs, n, K, up, stride, pf_, amx_min_, perm_);
     const float* bg = b13_ ? b13_ + static_cast<size_t>(e) * 2 * I + i0 : nullptr;
     for (int j = 0; j < n; ++j) {
       float* g = gate + j * stride;
@@ -699,8 +813,10 @@ class Fp8BlockFormat final : public MoeFormat {
     const uint8_t* w = w2_ + static_cast<size_t>(e) * H * I + static_cast<size_t>(h0) * I;
     const float* s = s2_ + static_cast<size_t>(e) * nbH_ * nbI_;
     const void* hs[fp8nv::kMaxVectors];
-    for (int j = 0; j < n; ++j) hs[j] = bf16x() ? routes[j].h_prepped : static_cast<const void*>(routes[j].h);
-    fp8_rows(p_.isa, w, h0, rows, s, B_, hs, n, p_.intermediate, out, stride, pf_, amx_min_);
+    for (int j = 0; j < n; ++j) {
+      hs[j] = bf16x() || perm_ ? routes[j].h_prepped : static_cast<const void*>(routes[j].h);
+    }
+    fp8_rows(p_.isa, w, h0, rows, s, B_, hs, n, p_.intermediate, out, stride, pf_, amx_min_, perm_);
     if (b2_) {
       const float* b = b2_ + static_cast<size_t>(e) * H + h0;
       for (int j = 0; j < n; ++j) {
@@ -718,6 +834,8 @@ class Fp8BlockFormat final : public MoeFormat {
   int B_;
   // Vectors per call from which the AMX tiles run (0: never; FT_CPU_MOE_FP8_KERNELS, amx_tiles.h).
   int amx_min_ = fp8_amx_min(p_.isa);
+  // The avx2 tier's permuted path (fp8_block_perm_avx2): block size, H and I multiples of 32.
+  bool perm_ = p_.isa == Isa::avx2 && B_ % 32 == 0 && p_.hidden % 32 == 0 && p_.intermediate % 32 == 0;
   int nbH_ = 0, nbI_ = 0;
   const uint8_t* w13_;
   const float* s13_;
@@ -726,6 +844,7 @@ class Fp8BlockFormat final : public MoeFormat {
   const float* b13_;
   const float* b2_;
   AlignedBuffer<uint16_t> xb_;  // x as bf16 in fp8_bf16_slot order, [T, fp8_bf16_len(H)] (avx512_bf16)
+  AlignedBuffer<float> xp_;     // x in perm_x_avx2's order and scale, [T, H] (avx2, perm_)
 };
 
 std::unique_ptr<MoeFormat> make_fp8_block_format(const MoeParams& params, FormatArgs& args) {
