@@ -4,17 +4,20 @@
 // record needs it).
 //
 // A step is 2 blocks (32 bytes of a row, one load): AND / shift / AND split the nibbles, VPSHUFB looks
-// them up as int8 2 * e2m1, and VPUNPCK{L,H}BW with zero make 4 vectors of 16 words w * 256 (the
-// code in the high byte: no sign extension needed). 4 VPMADDWD against x's words sum the step into 8
-// int32 lanes, 4 per block; one conversion, a multiply of the blocks' scales and one FMA. About 22
-// vector operations per 64 weights (32 bytes) against ~40 for the fp32 kernels (fp4_kernels.cpp,
-// block_avx2).
+// them up as int8 2 * e2m1 (the low nibbles' bytes E, the high nibbles' O), and VPUNPCK{L,H}BW with
+// zero make 4 vectors of 16 words w * 256 (the code in the high byte: no sign extension needed). 4
+// VPMADDWD against x's hi words sum the step into 8 int32 lanes, 4 per block; one conversion, a
+// multiply of the blocks' scales and one FMA. The lo part (0 .. 7) meets E and O as bytes: 2
+// VPMADDUBSW (lo unsigned, w signed: pair sums <= 168), a VPADDW and one VPMADDWD by ones, where
+// 4 VPMADDWD against lo words and 3 additions took twice the lo loads. About 28 vector operations
+// per 64 weights (32 bytes) with lo, against ~40 for the fp32 kernels (fp4_kernels.cpp, block_avx2).
 //
 // Record of 64 elements (kAvx2Record bytes), for blocks L = 0, 1 of 32 elements:
 //   bytes 0..127    hi words: word 16v + 8L + i = element 32L + 16 (v & 1) + 2i + (v >> 1), i < 8
 //   bytes 128..159  8 fp32 lanes: lanes 4L .. 4L + 3 = block L's activation scale * 2^-15
 //   bytes 160..163  int32, non-zero if the record carries lo
-//   bytes 192..319  lo words (0 .. 7), same order
+//   bytes 192..255  lo bytes (0 .. 7): byte 32q + 16L + i = element 32L + 2i + q (q = 0: meets E,
+//                   q = 1: meets O)
 // Products w * 256 * hi stay below 2^28 and a lane sums 8 of them; lo is added as a separate fp32
 // term (t_hi + t_lo / 8), so nothing overflows int32.
 #include <algorithm>
@@ -69,10 +72,11 @@ FT_TARGET_AVX2 void rows(const uint8_t* W, const uint8_t* S, int nrows, const vo
         int32_t flag;
         std::memcpy(&flag, x + kAvx2Flag, sizeof flag);
         if (__builtin_expect(flag != 0, 0)) {
-          const __m256i u = _mm256_add_epi32(
-              _mm256_add_epi32(_mm256_madd_epi16(w0, ld(kAvx2Lo)), _mm256_madd_epi16(w1, ld(kAvx2Lo + 32))),
-              _mm256_add_epi32(_mm256_madd_epi16(w2, ld(kAvx2Lo + 64)), _mm256_madd_epi16(w3, ld(kAvx2Lo + 96))));
-          f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(u), _mm256_set1_ps(0.125f), f);
+          const __m256i u16 =
+              _mm256_add_epi16(_mm256_maddubs_epi16(ld(kAvx2Lo), lo), _mm256_maddubs_epi16(ld(kAvx2Lo + 32), hi));
+          const __m256i u = _mm256_madd_epi16(u16, _mm256_set1_epi16(1));
+          // t_hi + t_lo / 8, t_hi from the words w * 256: t_lo * 256 / 8.
+          f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(u), _mm256_set1_ps(32.f), f);
         }
         const __m256 xsc = _mm256_loadu_ps(reinterpret_cast<const float*>(x + kAvx2Scale));
         acc[j] = _mm256_fmadd_ps(f, _mm256_mul_ps(ws, xsc), acc[j]);
@@ -96,10 +100,10 @@ FT_TARGET_AVX2 void rows(const uint8_t* W, const uint8_t* S, int nrows, const vo
   }
 }
 
-// The 32 integers x of block L of a record into its hi and lo words (the order at the top): per 8
-// elements their 4 even ones are 4 consecutive words, and so are the 4 odd ones. Returns whether any
-// lo is non-zero.
-FT_TARGET_AVX2 inline bool pack_block(const int32_t* x, int L, int16_t* hi, int16_t* lo) {
+// The 32 integers x of block L of a record into its hi words and lo bytes (the order at the top): per 8
+// elements their 4 even ones are 4 consecutive words (bytes), and so are the 4 odd ones. Returns
+// whether any lo is non-zero.
+FT_TARGET_AVX2 inline bool pack_block(const int32_t* x, int L, int16_t* hi, uint8_t* lo) {
   const __m256i perm = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7), zero = _mm256_setzero_si256();
   __m256i any = zero;
   for (int sub = 0; sub < 4; ++sub) {
@@ -108,12 +112,17 @@ FT_TARGET_AVX2 inline bool pack_block(const int32_t* x, int L, int16_t* hi, int1
     const __m256i v = _mm256_permutevar8x32_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 8 * sub)), perm);
     const __m256i l32 = _mm256_and_si256(v, _mm256_set1_epi32(7));
     any = _mm256_or_si256(any, l32);
-    const __m256i h16 = _mm256_packs_epi32(_mm256_srai_epi32(v, 3), zero), l16 = _mm256_packs_epi32(l32, zero);
+    const __m256i h16 = _mm256_packs_epi32(_mm256_srai_epi32(v, 3), zero);
     const int we = 16 * (sub / 2) + 8 * L + 4 * (sub % 2), wo = we + 32;
     _mm_storel_epi64(reinterpret_cast<__m128i*>(hi + we), _mm256_castsi256_si128(h16));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(hi + wo), _mm256_extracti128_si256(h16, 1));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(lo + we), _mm256_castsi256_si128(l16));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(lo + wo), _mm256_extracti128_si256(l16, 1));
+    // Elements 8 sub + 2i (even) and + 2i + 1 (odd), i < 4, are bytes 16L + 4 sub + i and 32 + the
+    // same: the low bytes of l32's lanes i (evens) and 4 + i (odds).
+    const __m256i l8 = _mm256_shuffle_epi8(l32, _mm256_set1_epi32(0x0c080400));
+    const int be = 16 * L + 4 * sub;
+    const int e4 = _mm_cvtsi128_si32(_mm256_castsi256_si128(l8)), o4 = _mm_cvtsi128_si32(_mm256_extracti128_si256(l8, 1));
+    std::memcpy(lo + be, &e4, 4);
+    std::memcpy(lo + 32 + be, &o4, 4);
   }
   return !_mm256_testz_si256(any, any);
 }
@@ -179,7 +188,7 @@ void avx2_int16_prep(Isa isa, const float* v, int i0, int i1, int block, void* o
       char* rec = static_cast<char*>(out) + (g / 64 + h) * kAvx2Record;
       std::memset(rec, 0, kAvx2Record);
       int16_t* hi = reinterpret_cast<int16_t*>(rec);
-      int16_t* lo = reinterpret_cast<int16_t*>(rec + kAvx2Lo);
+      uint8_t* lo = reinterpret_cast<uint8_t*>(rec + kAvx2Lo);
       float* sc = reinterpret_cast<float*>(rec + kAvx2Scale);
       int32_t flag = 0;
       for (int L = 0; L < 2 && 64 * h + 32 * L < n; ++L) {
