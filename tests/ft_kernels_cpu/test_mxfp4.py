@@ -145,10 +145,11 @@ def check_against_int8_emulation(tier: str, group: int, T: int, H: int, I: int, 
 
 
 @pytest.mark.skipif("avx2" not in TIERS, reason="no AVX2 here")
-@pytest.mark.parametrize(("T", "H", "I"), [(1, 160, 96), (3, 96, 160), (8, 288, 64)])
+@pytest.mark.parametrize(("T", "H", "I"), [(1, 160, 96), (3, 96, 160), (8, 288, 64), (8, 1504, 64)])
 def test_avx2_int8_path_matches_an_int8_emulation(T: int, H: int, I: int) -> None:
     # Blocks of 32: a wrong code order within a block (even / odd elements) or a wrong block scale
-    # fails it.
+    # fails it. T = 8 on all 4 experts with H = 1504 (47 blocks): calls of 8 vectors over rows of 11
+    # groups of 4 blocks and a 3-block tail.
     check_against_int8_emulation("avx2", 32, T, H, I)
 
 
@@ -218,12 +219,15 @@ def test_extreme_e8m0_scales_and_every_e2m1_code(isa: str) -> None:
         assert np.isnan(y.astype(np.float32)).all(), f"{isa}: scale 255 in block {b} must give NaN"
 
 
-def test_many_tokens_on_few_experts(isa: str) -> None:
+@pytest.mark.parametrize("H", [608, 1504])
+def test_many_tokens_on_few_experts(isa: str, H: int) -> None:
+    # H = 1504 (47 blocks): calls of 8 vectors over rows of 11 groups of 4 blocks and a 3-block tail,
+    # whose records (8 x 3 KiB in the avx2 tier) outgrow half of an L1.
     # 8 tokens x 6 routes on 2 experts: chunks of up to 8 routes per expert through the batched
     # kernels. H = 608 (19 blocks: a group of 16 and a 3-block step) and I = 160 (5 blocks; pass-1
     # units of 128 and 32 rows) hit their tails.
     rng = np.random.default_rng(13)
-    E, H, I = 2, 608, 160
+    E, H, I = 2, H, 160
     banks = make_layer(rng, E, H, I)
     x, ids, w, y = run_many_tokens_on_few_experts(
         rng, isa, "mxfp4", banks, num_experts=E, hidden=H, intermediate=I

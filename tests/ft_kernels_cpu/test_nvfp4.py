@@ -247,10 +247,13 @@ def test_avx2_int8_path_matches_an_int8_emulation(T: int, H: int, I: int) -> Non
 
 
 @pytest.mark.parametrize("isa", TIERS)
-def test_many_tokens_on_few_experts(isa: str) -> None:
+@pytest.mark.parametrize("H", [304, 1504])
+def test_many_tokens_on_few_experts(isa: str, H: int) -> None:
+    # H = 1504 (47 blocks): calls of 8 vectors over rows of 11 groups of 4 blocks and a 3-block tail,
+    # whose records (8 x 3 KiB in the avx2 tier) outgrow half of an L1.
     # H spans a full 128/256-element chunk plus tails.
     rng = np.random.default_rng(13)
-    E, H, I = 2, 304, 144
+    E, H, I = 2, H, 144
     banks = make_layer(rng, E, H, I, bias=True)
     x, ids, w, y = run_many_tokens_on_few_experts(
         rng, isa, "nvfp4", banks, num_experts=E, hidden=H, intermediate=I

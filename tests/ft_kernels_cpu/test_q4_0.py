@@ -16,7 +16,7 @@ from helpers.checks import (
     assert_close_to_reference,
     run_many_tokens_on_few_experts,
 )
-from helpers.int8_bounds import int8_error_bound
+from helpers.int8_bounds import int8_emulated_reference, int8_error_bound
 from helpers.moe_reference import ACTIVATIONS, BF16, moe_reference, random_inputs
 
 TIERS = fk.isa_tiers()
@@ -118,9 +118,12 @@ def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
 
 
 @pytest.mark.parametrize("isa", TIERS)
-def test_many_tokens_on_few_experts(isa: str) -> None:
+@pytest.mark.parametrize("H", [160, 1504])
+def test_many_tokens_on_few_experts(isa: str, H: int) -> None:
+    # H = 1504 (47 blocks): calls of 8 vectors over rows of 11 groups of 4 blocks and a 3-block tail,
+    # whose records (8 x 3 KiB in the avx2 tier) outgrow half of an L1.
     rng = np.random.default_rng(13)
-    E, H, I = 2, 160, 96
+    E, H, I = 2, H, 96
     banks, wref = make_layer(rng, E, H, I, bias=True)
     x, ids, w, y = run_many_tokens_on_few_experts(
         rng, isa, "q4_0", banks, num_experts=E, hidden=H, intermediate=I
@@ -128,6 +131,23 @@ def test_many_tokens_on_few_experts(isa: str) -> None:
     ref, scale = moe_reference(x, ids, w, act="gelu", **wref)
     extra = reference_extra(isa, x, ids, w, wref, "gelu", False, {})
     check(y, ref, scale, isa, extra)
+
+
+@pytest.mark.skipif("avx2" not in TIERS, reason="no avx2 tier here")
+@pytest.mark.parametrize("H", [160, 1504])
+def test_avx2_int8_path_matches_an_int8_emulation(H: int) -> None:
+    # The sharp check (int8_error_bound is a worst case): x and h rounded per 32 in numpy exactly as
+    # specified, so only fp32 accumulation, the bf16 output and h elements at a rounding boundary
+    # remain. 8 tokens on all 4 experts: calls of 8 vectors; H = 1504 (47 blocks): rows of 11 groups
+    # of 4 blocks and a 3-block tail (a whole pair, then a half one).
+    rng = np.random.default_rng(H)
+    E, I, T, top_k = 4, 96, 8, 4
+    banks, wref = make_layer(rng, E, H, I)
+    x, ids, w = random_inputs(rng, T, H, top_k, E, x_scale=2.0)
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T, num_threads=2, isa="avx2")
+    ex.add_layer(0, "q4_0", num_experts=E, intermediate=I, banks=banks)
+    ref, scale, flip = int8_emulated_reference(x, ids, w, wref, "silu", 32, 32)
+    check(ex.run(0, x, ids, w), ref, scale, f"avx2 int8 emulation H={H}", 1.01 * flip)
 
 
 def test_errors_name_the_bank_and_expected_shape() -> None:
