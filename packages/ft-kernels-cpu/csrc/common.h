@@ -84,6 +84,13 @@ inline uint16_t f32_to_bf16(float f) {
   return static_cast<uint16_t>((bits + rounding) >> 16);
 }
 
+// Bytes from one prepared vector (token or route) to the next: `bytes` rounded up to an odd number of
+// 64-byte lines, so that the same offset of up to 64 vectors falls in as many L1 sets. Records of
+// 4 KiB a vector (H = 2048 in int8 pairs) put one step's records of 8 vectors in one set of Zen 3's
+// 8-way 32 KiB L1d, whose 16 lines did not fit it: mxfp4's batch-8 pass 1 from L3 took 771 us a step
+// with that stride and 556 with 4 KiB + 64 (docs/benchmarks.md, fifteenth session).
+inline size_t vec_stride(size_t bytes) { return ((bytes + 63) / 64 | 1) * 64; }
+
 struct AlignedFree {
   void operator()(void* p) const { std::free(p); }
 };

@@ -392,7 +392,7 @@ void MoeExecutor::add_layer(int layer, const std::string& format, int num_expert
   const size_t routes = static_cast<size_t>(max_tokens_) * top_k_;
   inter_stride_ = std::max(inter_stride_, (static_cast<size_t>(intermediate) + 15) / 16 * 16);
   inter_.resize(routes * inter_stride_);
-  prep_stride_ = std::max(prep_stride_, (L.fmt->inter_prep_bytes() + 63) / 64 * 64);
+  prep_stride_ = std::max(prep_stride_, L.fmt->inter_prep_bytes() ? vec_stride(L.fmt->inter_prep_bytes()) : 0);
   if (prep_stride_) inter_prep_.resize(routes * prep_stride_);
   // Per worker: pass 1 gate and up rows of a token chunk; pass 2 one output block (within the same).
   const size_t pass1_floats = 2 * MoeFormat::kMaxTokensPerCall * kMaxBlockRows;

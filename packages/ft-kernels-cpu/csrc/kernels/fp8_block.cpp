@@ -722,17 +722,16 @@ class Fp8BlockFormat final : public MoeFormat {
 
   void prep_input(const TaskInput& in) override {
     if (perm_) {
-      xp_.resize(static_cast<size_t>(in.num_tokens) * p_.hidden);
+      xp_.resize(static_cast<size_t>(in.num_tokens) * xp_stride());
 #if FT_X86
       for (int t = 0; t < in.num_tokens; ++t) {
-        const size_t o = static_cast<size_t>(t) * p_.hidden;
-        perm_x_avx2(in.x_f32 + o, 0, p_.hidden, xp_.data() + o);
+        perm_x_avx2(in.x_f32 + static_cast<size_t>(t) * p_.hidden, 0, p_.hidden, xp_.data() + t * xp_stride());
       }
 #endif
       return;
     }
     if (!bf16x()) return;
-    const size_t len = fp8_bf16_len(p_.hidden, B_);
+    const size_t len = xb_stride();
     xb_.resize(static_cast<size_t>(in.num_tokens) * len);
     for (int t = 0; t < in.num_tokens; ++t) {
       const uint16_t* x = in.x_bf16 + static_cast<size_t>(t) * p_.hidden;
@@ -789,8 +788,8 @@ class Fp8BlockFormat final : public MoeFormat {
     const float* su = sg + static_cast<size_t>(nbI_) * nbH_;
     const void* xs[fp8nv::kMaxVectors];
     for (int j = 0; j < n; ++j) {
-      xs[j] = bf16x()  ? static_cast<const void*>(xb_.data() + tokens[j] * fp8_bf16_len(p_.hidden, B_))
-              : perm_ ? static_cast<const void*>(xp_.data() + tokens[j] * H)
+      xs[j] = bf16x()  ? static_cast<const void*>(xb_.data() + tokens[j] * xb_stride())
+              : perm_ ? static_cast<const void*>(xp_.data() + tokens[j] * xp_stride())
                       : static_cast<const void*>(in.x_f32 + tokens[j] * H);
     }
     const int rows = i1 - i0, K = p_.hidden;
@@ -828,6 +827,8 @@ class Fp8BlockFormat final : public MoeFormat {
  private:
   static constexpr int kPass2Rows = 32;
   bool bf16x() const { return p_.isa == Isa::avx512_bf16; }
+  size_t xp_stride() const { return vec_stride(static_cast<size_t>(p_.hidden) * 4) / 4; }  // floats
+  size_t xb_stride() const { return vec_stride(fp8_bf16_len(p_.hidden, B_) * 2) / 2; }      // bf16 words
 
   MoeParams p_;
   int pf_ = p_.prefetch;  // after p_ (declaration order)
@@ -843,8 +844,8 @@ class Fp8BlockFormat final : public MoeFormat {
   const float* s2_;
   const float* b13_;
   const float* b2_;
-  AlignedBuffer<uint16_t> xb_;  // x as bf16 in fp8_bf16_slot order, [T, fp8_bf16_len(H)] (avx512_bf16)
-  AlignedBuffer<float> xp_;     // x in perm_x_avx2's order and scale, [T, H] (avx2, perm_)
+  AlignedBuffer<uint16_t> xb_;  // x as bf16 in fp8_bf16_slot order, [T, xb_stride()] (avx512_bf16)
+  AlignedBuffer<float> xp_;     // x in perm_x_avx2's order and scale, [T, xp_stride()] (avx2, perm_)
 };
 
 std::unique_ptr<MoeFormat> make_fp8_block_format(const MoeParams& params, FormatArgs& args) {

@@ -532,20 +532,21 @@ class Nvfp4Format final : public MoeFormat {
   void prep_input(const TaskInput& in) override {
     const size_t H = p_.hidden;
     if (avx2_int8(p_.isa, p_.hidden)) {
-      const size_t vb = q8nv_bytes(p_.hidden);
+      const size_t vb = vec_stride(q8nv_bytes(p_.hidden));
       xq_.resize(static_cast<size_t>(in.num_tokens) * vb);
       for (int t = 0; t < in.num_tokens; ++t) q8nv_quantize(in.x_f32 + t * H, 0, p_.hidden, xq_.data() + t * vb);
       return;
     }
     if (vnni()) {
-      const size_t vb = vnni_bytes(p_.hidden);
+      const size_t vb = vec_stride(vnni_bytes(p_.hidden));
       xq_.resize(static_cast<size_t>(in.num_tokens) * vb);
       for (int t = 0; t < in.num_tokens; ++t) vnni_quantize(in.x_f32 + t * H, 0, p_.hidden, xq_.data() + t * vb);
       return;
     }
     if (!permuted()) return;
-    xp_.resize(static_cast<size_t>(in.num_tokens) * H);
-    for (int t = 0; t < in.num_tokens; ++t) to_even_odd(in.x_f32 + t * H, xp_.data() + t * H, 0, p_.hidden);
+    const size_t xs = vec_stride(H * 4) / 4;
+    xp_.resize(static_cast<size_t>(in.num_tokens) * xs);
+    for (int t = 0; t < in.num_tokens; ++t) to_even_odd(in.x_f32 + t * H, xp_.data() + t * xs, 0, p_.hidden);
   }
 
   void gate_up(const TaskInput& in, int e, int t, int i0, int i1, float in_scale, float* gate,
@@ -561,10 +562,11 @@ class Nvfp4Format final : public MoeFormat {
     for (int j = 0; j < n; ++j) {
       const int t = tokens[j];
       if (avx2_int8(p_.isa, p_.hidden)) {
-        xs[j] = xq_.data() + t * q8nv_bytes(p_.hidden);
+        xs[j] = xq_.data() + t * vec_stride(q8nv_bytes(p_.hidden));
       } else {
-        xs[j] = vnni() ? static_cast<const void*>(xq_.data() + t * vnni_bytes(p_.hidden))
-                       : static_cast<const void*>((permuted() ? xp_.data() : in.x_f32) + t * H);
+        xs[j] = vnni()       ? static_cast<const void*>(xq_.data() + t * vec_stride(vnni_bytes(p_.hidden)))
+                : permuted() ? static_cast<const void*>(xp_.data() + t * (vec_stride(H * 4) / 4))
+                             : static_cast<const void*>(in.x_f32 + t * H);
       }
     }
     const int rows = i1 - i0, K = p_.hidden;
