@@ -49,6 +49,18 @@ float fp8_row_scalar(const uint8_t* w, const float* S, int B, const float* x, in
 
 #if FT_X86
 
+// The C chains of vector j, summed in a fixed order (C = 1, 2 or 4).
+template <int C, int N>
+FT_TARGET_AVX2 __attribute__((always_inline)) inline __m256 sum_chains(const __m256 (&ac)[C][N], int j) {
+  if constexpr (C == 4) {
+    return _mm256_add_ps(_mm256_add_ps(ac[0][j], ac[1][j]), _mm256_add_ps(ac[2][j], ac[3][j]));
+  } else if constexpr (C == 2) {
+    return _mm256_add_ps(ac[0][j], ac[1][j]);
+  } else {
+    return ac[0][j];
+  }
+}
+
 // The column block [c0, c0 + n) of one row (wb: its n bytes) against N vectors: a[j], the fp8 x
 // fp32 products at the 2^-8 scale of the fp16 decode, with the scalar remainder of a short block
 // folded in. C chains per vector (the FMA latency: 4 for one vector, 32 weights a step; 2 for two; 1
@@ -80,13 +92,7 @@ FT_TARGET_AVX2 __attribute__((always_inline)) inline void fp8_block_avx2(const u
   }
   for (; k + 16 <= n; k += 16) step(k, 0, C > 1 ? 1 : 0);
   for (int j = 0; j < N; ++j) {
-    if constexpr (C == 4) {
-      a[j] = _mm256_add_ps(_mm256_add_ps(ac[0][j], ac[1][j]), _mm256_add_ps(ac[2][j], ac[3][j]));
-    } else if constexpr (C == 2) {
-      a[j] = _mm256_add_ps(ac[0][j], ac[1][j]);
-    } else {
-      a[j] = ac[0][j];
-    }
+    a[j] = sum_chains<C, N>(ac, j);
     if (k < n) {
       const float* lut = fp8nv::e4m3_table().v;
       float r = 0.f;
@@ -155,13 +161,7 @@ FT_TARGET_AVX2 __attribute__((always_inline)) inline void fp8_block_perm_avx2(co
         ac[i % C][j] = _mm256_fmadd_ps(_mm256_castsi256_ps(d[i]), _mm256_loadu_ps(xs[j] + c0 + k + 8 * i), ac[i % C][j]);
   }
   for (int j = 0; j < N; ++j) {
-    if constexpr (C == 4) {
-      a[j] = _mm256_add_ps(_mm256_add_ps(ac[0][j], ac[1][j]), _mm256_add_ps(ac[2][j], ac[3][j]));
-    } else if constexpr (C == 2) {
-      a[j] = _mm256_add_ps(ac[0][j], ac[1][j]);
-    } else {
-      a[j] = ac[0][j];
-    }
+    a[j] = sum_chains<C, N>(ac, j);
   }
 }
 
