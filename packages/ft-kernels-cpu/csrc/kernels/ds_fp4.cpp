@@ -59,7 +59,7 @@ class DsFp4Format final : public MoeFormat {
 
   void prep_input(const TaskInput& in) override {
     const int H = p_.hidden;
-    const size_t stride = vec_stride(vec_bytes(x_, H));
+    const size_t stride = x_stride();
     xprep_.resize(stride * in.num_tokens);
     for (int t = 0; t < in.num_tokens; ++t) {
       round_trip_prep(x_, in.x_f32 + static_cast<size_t>(t) * H, H, 0, H, xprep_.data() + t * stride);
@@ -70,7 +70,7 @@ class DsFp4Format final : public MoeFormat {
                float* up) const override {
     const size_t H = p_.hidden, I = p_.intermediate;
     const int n = i1 - i0;
-    const void* x = xprep_.data() + t * vec_stride(vec_bytes(x_, p_.hidden));
+    const void* x = xprep_.data() + t * x_stride();
     const size_t g0 = static_cast<size_t>(e) * 2 * I + i0, u0 = g0 + I;
     dot_rows(x_, w13_ + g0 * (H / 2), s13_ + g0 * (H / 32), n, &x, 1, p_.hidden, gate, n);
     dot_rows(x_, w13_ + u0 * (H / 2), s13_ + u0 * (H / 32), n, &x, 1, p_.hidden, up, n);
@@ -87,7 +87,7 @@ class DsFp4Format final : public MoeFormat {
     }
     const size_t H = p_.hidden, I = p_.intermediate;
     const int rows = i1 - i0;
-    const size_t xstride = vec_stride(vec_bytes(x_, p_.hidden));
+    const size_t xstride = x_stride();
     const void* xs[kMaxTokensPerCall];
     for (int j = 0; j < n; ++j) xs[j] = xprep_.data() + tokens[j] * xstride;
     const size_t g0 = static_cast<size_t>(e) * 2 * I + i0, u0 = g0 + I;
@@ -153,6 +153,8 @@ class DsFp4Format final : public MoeFormat {
     }
     return 0;
   }
+  // Bytes from one token's prepared x to the next (common.h's vec_stride).
+  size_t x_stride() const { return vec_stride(vec_bytes(x_, p_.hidden)); }
   size_t vec_bytes(const Plan& P, int K) const {
     return layout_bytes(P.small, K) + (P.large_from ? layout_bytes(P.large, K) : 0);
   }

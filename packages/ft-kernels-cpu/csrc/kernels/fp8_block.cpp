@@ -106,8 +106,8 @@ FT_TARGET_AVX2 __attribute__((always_inline)) inline void fp8_block_avx2(const u
 // The order-permuted path of the avx2 tier (layers whose block size, H and I are multiples of 32):
 // 32 weight bytes at a time become fp32 bit patterns with two byte unpacks, a shift and an AND per
 // 16 and two word unpacks per 8, with no VPMOVSXBW or VCVTPH2PS (on Zen 3 the 4 sign extensions and
-// 8 conversions per 64 bytes of the fp16 decode above held a core at ~14 cycles per 64 weights in
-// L1; this decode took ~11, docs/benchmarks.md). A byte b as the high word of an fp32 (b << 8,
+// 8 conversions per 64 bytes of the fp16 decode above held a core at ~14 TSC ticks per 64 weights
+// in L1; this decode took ~11, docs/benchmarks.md). A byte b as the high word of an fp32 (b << 8,
 // shifted right by 4 with its sign, bits 14..11 cleared) puts the sign at bit 31 and eeeemmm at
 // bits 26..20: the e4m3 value times 2^-120, exactly, subnormal codes as fp32 subnormals. The word
 // unpacks work within 128-bit lanes, so the 4 vectors of a 32-byte step hold elements

@@ -1307,7 +1307,7 @@ void GgmlMoeFormat::xq_quantize(const TypeInfo& t, const float* x, int k0, int k
 void GgmlMoeFormat::prep_input(const TaskInput& in) {
   if (!gu_q8_) return;
   const int H = p_.hidden;
-  const size_t nb = vec_stride(xq_bytes(*gate_.type, H));
+  const size_t nb = x_stride();
   if (xq_.size() < in.num_tokens * nb) xq_.resize(in.num_tokens * nb);
   for (int t = 0; t < in.num_tokens; ++t) {
     xq_quantize(*gate_.type, in.x_f32 + static_cast<size_t>(t) * H, 0, H, H, xq_.data() + t * nb);
@@ -1347,7 +1347,7 @@ void GgmlMoeFormat::gate_up_tokens(const TaskInput& in, int e, const int* tokens
   Q8Ref qs[kMaxTokensPerCall];
   for (int j = 0; j < n; ++j) {
     xs[j] = in.x_f32 + static_cast<size_t>(tokens[j]) * H;
-    if (gu_q8_) qs[j] = Q8Ref{xq_.data() + tokens[j] * vec_stride(xq_bytes(*gate_.type, H))};
+    if (gu_q8_) qs[j] = Q8Ref{xq_.data() + tokens[j] * x_stride()};
   }
   mat_rows(gate_, gu_q8_, e, i0, i1, xs, qs, n, H, gate, stride);
   mat_rows(up_, gu_q8_, e, i0, i1, xs, qs, n, H, up, stride);

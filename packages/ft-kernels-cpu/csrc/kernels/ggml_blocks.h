@@ -154,6 +154,8 @@ class GgmlMoeFormat final : public MoeFormat {
   static constexpr int kPass2Rows = 16;
   // Bytes of a Q8 vector of K elements for type t's q8 kernel, and its quantization (elements [k0, k1)).
   size_t xq_bytes(const TypeInfo& t, int K) const;
+  // Bytes from one token's quantized x to the next (common.h's vec_stride).
+  size_t x_stride() const { return vec_stride(xq_bytes(*gate_.type, p_.hidden)); }
   void xq_quantize(const TypeInfo& t, const float* x, int k0, int k1, int K, void* base) const;
   Q8Fn q8_fn(const TypeInfo& t) const;  // the tier's int8 kernels of type t
   // Rows [i0, i1) of one matrix of expert e times n vectors (float or Q8), into out[j * os + r].

@@ -52,7 +52,7 @@ class Mxfp4Format final : public MoeFormat {
     // run after this, on the pool, and read the flag).
     groups_ = !q8_steps_ || in.num_tokens > 1;
     const int H = p_.hidden;
-    const size_t stride = vec_stride(vec_bytes(H));
+    const size_t stride = x_stride();
     xprep_.resize(stride * in.num_tokens);
     for (int t = 0; t < in.num_tokens; ++t) {
       prep(in.x_f32 + static_cast<size_t>(t) * H, 0, H, H, xprep_.data() + t * stride);
@@ -66,7 +66,7 @@ class Mxfp4Format final : public MoeFormat {
     // Gate and up rows of [i0, i1) are the contiguous rows [2 i0, 2 i1): one stream.
     const size_t row0 = static_cast<size_t>(e) * 2 * I + 2 * static_cast<size_t>(i0);
     float tmp[2 * kMaxPass1Rows];
-    const void* x = xprep_.data() + t * vec_stride(vec_bytes(p_.hidden));
+    const void* x = xprep_.data() + t * x_stride();
     dot(w13_ + row0 * (H / 2), s13_ + row0 * (H / 32), 2 * n, &x, 1, p_.hidden, tmp, 0);
     const uint16_t* b = b13_ ? b13_ + row0 : nullptr;
     for (int i = 0; i < n; ++i) {
@@ -84,7 +84,7 @@ class Mxfp4Format final : public MoeFormat {
     const size_t H = p_.hidden, I = p_.intermediate;
     const int rows = i1 - i0;
     const size_t row0 = static_cast<size_t>(e) * 2 * I + 2 * static_cast<size_t>(i0);
-    const size_t xstride = vec_stride(vec_bytes(p_.hidden));
+    const size_t xstride = x_stride();
     const void* xs[kMaxTokensPerCall];
     for (int j = 0; j < n; ++j) xs[j] = xprep_.data() + tokens[j] * xstride;
     // The 2 * rows interleaved gate/up rows of each token, one stream for all n tokens.
@@ -141,6 +141,8 @@ class Mxfp4Format final : public MoeFormat {
     return v != "groups";
   }
   size_t step_bytes(int K) const { return q8_steps_ ? fp4::q8_vec_bytes(K) : 0; }
+  // Bytes from one token's prepared x to the next (common.h's vec_stride).
+  size_t x_stride() const { return vec_stride(vec_bytes(p_.hidden)); }
   size_t vec_bytes(int K) const {
     return q8_ ? step_bytes(K) + fp4::q8g_vec_bytes(K) : q8a_ ? fp4::q8a_vec_bytes(K) : fp4::vec_bytes(p_.isa, K);
   }

@@ -532,19 +532,19 @@ class Nvfp4Format final : public MoeFormat {
   void prep_input(const TaskInput& in) override {
     const size_t H = p_.hidden;
     if (avx2_int8(p_.isa, p_.hidden)) {
-      const size_t vb = vec_stride(q8nv_bytes(p_.hidden));
+      const size_t vb = x_stride();
       xq_.resize(static_cast<size_t>(in.num_tokens) * vb);
       for (int t = 0; t < in.num_tokens; ++t) q8nv_quantize(in.x_f32 + t * H, 0, p_.hidden, xq_.data() + t * vb);
       return;
     }
     if (vnni()) {
-      const size_t vb = vec_stride(vnni_bytes(p_.hidden));
+      const size_t vb = x_stride();
       xq_.resize(static_cast<size_t>(in.num_tokens) * vb);
       for (int t = 0; t < in.num_tokens; ++t) vnni_quantize(in.x_f32 + t * H, 0, p_.hidden, xq_.data() + t * vb);
       return;
     }
     if (!permuted()) return;
-    const size_t xs = vec_stride(H * 4) / 4;
+    const size_t xs = x_stride() / 4;
     xp_.resize(static_cast<size_t>(in.num_tokens) * xs);
     for (int t = 0; t < in.num_tokens; ++t) to_even_odd(in.x_f32 + t * H, xp_.data() + t * xs, 0, p_.hidden);
   }
@@ -562,10 +562,10 @@ class Nvfp4Format final : public MoeFormat {
     for (int j = 0; j < n; ++j) {
       const int t = tokens[j];
       if (avx2_int8(p_.isa, p_.hidden)) {
-        xs[j] = xq_.data() + t * vec_stride(q8nv_bytes(p_.hidden));
+        xs[j] = xq_.data() + t * x_stride();
       } else {
-        xs[j] = vnni()       ? static_cast<const void*>(xq_.data() + t * vec_stride(vnni_bytes(p_.hidden)))
-                : permuted() ? static_cast<const void*>(xp_.data() + t * (vec_stride(H * 4) / 4))
+        xs[j] = vnni()       ? static_cast<const void*>(xq_.data() + t * x_stride())
+                : permuted() ? static_cast<const void*>(xp_.data() + t * (x_stride() / 4))
                              : static_cast<const void*>(in.x_f32 + t * H);
       }
     }
@@ -619,6 +619,12 @@ class Nvfp4Format final : public MoeFormat {
   static constexpr int kPass2Rows = 64;
   bool permuted() const { return p_.isa != Isa::scalar; }
   bool vnni() const { return p_.isa == Isa::avx512_bf16; }
+  // Bytes from one token's prepared x to the next (common.h's vec_stride): int8 records (avx2 for H
+  // a multiple of 32, VNNI) or fp32 in even/odd order.
+  size_t x_stride() const {
+    const size_t H = p_.hidden;
+    return vec_stride(avx2_int8(p_.isa, p_.hidden) ? q8nv_bytes(p_.hidden) : vnni() ? vnni_bytes(p_.hidden) : H * 4);
+  }
 
   MoeParams p_;
   int pf_ = p_.prefetch;  // after p_ (declaration order)
