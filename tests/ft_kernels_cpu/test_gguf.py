@@ -29,16 +29,17 @@ PAIRS = [(Q.Q4_K, Q.Q6_K), (Q.Q8_0, Q.Q8_0), (Q.MXFP4, Q.MXFP4), (Q.Q5_K, Q.Q6_K
 # Types whose kernels take int8 activations, per tier: VNNI in avx512_bf16, VPMADDUBSW in avx2.
 INT8_TYPES = {
     "avx512_bf16": {Q.Q8_0, Q.Q4_0, Q.Q4_K, Q.Q5_K, Q.Q6_K},
-    "avx2": {Q.Q4_0, Q.MXFP4, Q.Q4_K, Q.Q6_K},
+    "avx2": {Q.Q4_0, Q.MXFP4, Q.Q4_K, Q.Q5_K, Q.Q6_K},
 }
 
 
 def int8_group(qtype: Q, isa: str = "avx512_bf16") -> int:
-    """Elements per x scale of the int8 path: in avx512_bf16 32 for Q8_0 (ggml's Q8_0 activations),
-    256 for K-quants (Q8_K) and Q4_0 (the last group of a vector may be shorter); 32 in avx2."""
-    if isa == "avx2":
-        return 32
-    return 256 if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q4_0) else 32
+    """Elements per x scale of the int8 path: 256 for the K-quants in both tiers (ggml's Q8_K); in
+    avx512_bf16 also for Q4_0 (the last group of a vector may be shorter) and 32 for Q8_0 (ggml's Q8_0
+    activations); 32 for avx2's Q4_0 and MXFP4."""
+    if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):
+        return 256
+    return 256 if isa != "avx2" and qtype == Q.Q4_0 else 32
 
 
 def block_elems(qtype: Q) -> int:
@@ -209,6 +210,8 @@ def test_many_tokens_on_few_experts(isa: str, gu: Q, dn: Q) -> None:
         ("avx2", Q.MXFP4, Q.MXFP4),
         ("avx2", Q.Q4_K, Q.Q6_K),
         ("avx2", Q.Q6_K, Q.Q4_K),
+        ("avx2", Q.Q5_K, Q.Q6_K),
+        ("avx2", Q.Q6_K, Q.Q5_K),
     ],
 )
 @pytest.mark.parametrize("T", [1, 8])

@@ -1,6 +1,6 @@
 // The ggml block types of ggml_blocks.h: scalar kernels, the fp32 SIMD tiers (ggml_tier_kernels.h
 // compiled for AVX2 and AVX-512), the int8-activation kernels of the avx2 tier (VPMADDUBSW: Q4_0,
-// MXFP4, Q4_K, Q6_K) and of the avx512_bf16 tier (VNNI), the type table and the format class shared by
+// MXFP4, Q4_K, Q5_K, Q6_K) and of the avx512_bf16 tier (VNNI), the type table and the format class shared by
 // `q4_0` and `gguf`.
 #include "ggml_blocks.h"
 
@@ -238,9 +238,9 @@ struct V {
 }  // namespace
 }  // namespace avx2
 
-// ---- avx2 tier: int8 activations for Q4_0, MXFP4, Q4_K, Q6_K (VPMADDUBSW) ----
+// ---- avx2 tier: int8 activations for Q4_0, MXFP4, Q4_K, Q5_K, Q6_K (VPMADDUBSW) ----
 //
-// x and the intermediate quantized per 32-block: kQ8Blocks32 (ggml_blocks.h) for Q4_K and Q6_K,
+// x and the intermediate quantized per super-block: kQ8Avx2K (ggml_blocks.h) for the K-quants,
 // avx2_pairs.h's records for Q4_0 and MXFP4, whose nibbles (elements 0..15 the low ones, 16..31 the
 // high ones) are unsigned codes with an offset: Q4_0's nibbles with 8, MXFP4's looked up as 2 e2m1 +
 // 12 with 12; the lanes are multiplied into fp32 accumulators by the weight scale times dx. On CPUs
@@ -347,152 +347,182 @@ void rows_pairs(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, 
   pairs::rows<NV>(P{W, ld, prefetch ? &pf : nullptr}, x, nrows, nb, out, os);
 }
 
-// Q4_K's rows per step for NV vectors: 4 rows side by side for one vector, 2 for two, else 1 (the
-// accumulators of R * NV chains in registers).
+// Q4_K's rows per step for NV vectors: 4 rows side by side for one vector, 2 for two, else 1.
 constexpr int q4_k_rows_per_step(int nv) { return nv == 1 ? 4 : nv == 2 ? 2 : 1; }
 
 // The 8 6-bit scales (bytes 0..7) and mins (bytes 8..15) of a Q4_K/Q5_K super-block's 12 scale
-// bytes, as kquant_scale_min, a 32-bit word (4 of them) at a time.
+// bytes at s, as kquant_scale_min (16 bytes are read: the 4 after the scales are the block's next
+// field, unused):
+//   sc0..3 = s0..3 & 63, sc4..7 = (s8..11 & 15) | (s0..3 >> 6) << 4,
+//   mn0..3 = s4..7 & 63, mn4..7 = (s8..11 >> 4) | (s4..7 >> 6) << 4
 inline __m128i kquant_scale_min_x(const uint8_t* s) {
-  uint32_t a, b, c;
-  std::memcpy(&a, s, 4);
-  std::memcpy(&b, s + 4, 4);
-  std::memcpy(&c, s + 8, 4);
-  const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
-  return _mm_setr_epi32(static_cast<int>(a & m6), static_cast<int>((c & m4) | (((a >> 6) & m2) << 4)),
-                        static_cast<int>(b & m6), static_cast<int>(((c >> 4) & m4) | (((b >> 6) & m2) << 4)));
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+  const __m128i a = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+  const __m128i top = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+  const __m128i low = _mm_and_si128(_mm_blend_epi16(a, _mm_srli_epi16(a, 4), 0xC0),
+                                    _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15));
+  return _mm_or_si128(low, _mm_and_si128(_mm_srli_epi16(top, 2), _mm_set1_epi8(0x30)));
 }
 
-// Q4_K: per super-block of 256, sub-block s (32 elements) = d sc[s] q - dmin m[s], q = the low (s
-// even) or high (s odd) nibbles of qs[32 (s / 2) .. +32]. Per sub-block: q (unsigned, <= 15) times x
-// (signed) by VPMADDUBSW directly, scaled by d sc[s] dx[s] (8 at a time per super-block); the min
-// terms dmin m[s] times x's fp32 sums per sub-block, 8 at a time (one FMA per super-block).
-// Rows [r, r + R) against NV vectors: R * NV accumulators, each one FMA chain (R: q4_k_rows_per_step;
-// rows computed alone or in a group take the same operations).
-template <int R, int NV>
-void q4_k_step(const uint8_t* W, size_t ld, int r, int nb, const Q8Ref* xs, int K, float* out, int os,
-               const StreamPrefetch<>& pf) {
-  const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-  const float* dx[NV];
-  const float* xsum[NV];
-  for (int j = 0; j < NV; ++j) {
-    dx[j] = reinterpret_cast<const float*>(xs[j].q + K);
-    xsum[j] = dx[j] + K / 32;
+// Word w of both 128-bit lanes of v (word w of the low lane in `lo`, of the high lane in `hi` when
+// the two lanes hold different words): VPSHUFB masks.
+inline __m256i words_mask(int lo, int hi) {
+  return _mm256_setr_m128i(_mm_set1_epi16(static_cast<short>(0x0100 + 0x0202 * lo)),
+                           _mm_set1_epi16(static_cast<short>(0x0100 + 0x0202 * hi)));
+}
+
+// The K-quants against kQ8Avx2K x (one dx per super-block, as ggml's Q8_K): each sub-block's
+// VPMADDUBSW pair sums (int16) are multiplied by its integer scale and summed by one VPMADDWD, so a
+// super-block stays in int32 lanes and is converted and scaled by d dx once per vector. Where the
+// accumulators of many vectors would not fit in registers, the fp32 ones are kept in memory (one
+// load and store per super-block).
+template <int NV>
+struct KAcc {
+  static constexpr bool kMem = NV > 2;
+  alignas(32) float m[kMem ? NV : 1][8];
+  __m256 r[kMem ? 1 : NV];
+  FT_TARGET_AVX2 KAcc() {
+    for (int j = 0; j < (kMem ? NV : 1); ++j) _mm256_store_ps(m[j], _mm256_setzero_ps());
+    for (int j = 0; j < (kMem ? 1 : NV); ++j) r[j] = _mm256_setzero_ps();
   }
-  __m256 acc[R][NV], mins[R][NV];
-  for (int i = 0; i < R; ++i)
-    for (int j = 0; j < NV; ++j) acc[i][j] = mins[i][j] = _mm256_setzero_ps();
+  FT_TARGET_AVX2 __m256 get(int j) const { return kMem ? _mm256_load_ps(m[j]) : r[j]; }
+  FT_TARGET_AVX2 void set(int j, __m256 v) {
+    if constexpr (kMem) _mm256_store_ps(m[j], v);
+    else r[j] = v;
+  }
+};
+
+inline const float* kx_dx(const Q8Ref& x, int K) { return reinterpret_cast<const float*>(x.q + K); }
+inline const float* kx_xsum(const Q8Ref& x, int K) { return reinterpret_cast<const float*>(x.q + K + K / 64); }
+inline const int16_t* kx_csum(const Q8Ref& x, int K) {
+  return reinterpret_cast<const int16_t*>(x.q + K + K / 64 + K / 8);
+}
+
+// Q4_K (Q5_K): per super-block of 256, sub-block s (32 elements) = d sc[s] q - dmin m[s], q = the
+// low (s even) or high (s odd) nibbles of qs[32 (s / 2) .. +32] (Q5_K: plus 16 where bit s of qh[l]
+// is set, l the element within the sub-block). q (unsigned, <= 31) times x (signed) by VPMADDUBSW
+// (pair sums <= 7874), by sc[s] (<= 63) and summed by VPMADDWD: |lane| <= 8 * 2 * 7874 * 63 over a
+// super-block. The min terms dmin m[s] times x's fp32 sums per sub-block, 8 at a time (one FNMADD per
+// super-block into the same accumulator). Rows [r, r + R) against NV vectors (R:
+// q4_k_rows_per_step; rows computed alone or in a group take the same operations).
+template <bool kQ5, int R, int NV>
+void qk45_step(const uint8_t* W, size_t ld, int r, int nb, const Q8Ref* xs, int K, float* out, int os,
+               const StreamPrefetch<>& pf) {
+  constexpr int kBytes = kQ5 ? 176 : 144, kQs = kQ5 ? 48 : 16;
+  const __m256i m4 = _mm256_set1_epi8(15), m16 = _mm256_set1_epi8(16);
+  KAcc<NV> acc[R];
   for (int b = 0; b < nb; ++b) {
     for (int i = 0; i < R; ++i) {
-      const uint8_t* p = W + (r + i) * ld + 144 * b;
+      const uint8_t* p = W + (r + i) * ld + kBytes * b;
       if (pf.dist) {
-        pf.ahead(p);
-        pf.ahead(p + 64);
-        pf.ahead(p + 128);
+        for (int o = 0; o < kBytes; o += 64) pf.ahead(p + o);
       }
       const __m128i sm = kquant_scale_min_x(p + 4);
-      const __m256 ds = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(load_u16(p))), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
+      const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));  // words sc[0..7], both lanes
+      const float d = _cvtsh_ss(load_u16(p));
       const __m256 dm = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(load_u16(p + 2))),
                                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
-      // d sc[s] dx[s] of the 8 sub-blocks, lane s broadcast: by VPERMPS from registers for one or two
-      // vectors, through memory for more (fewer registers; measured both ways).
-      __m256 sx[NV];
-      alignas(32) float sxm[NV > 2 ? NV : 1][8];
-      for (int j = 0; j < NV; ++j) {
-        mins[i][j] = _mm256_fmadd_ps(dm, _mm256_loadu_ps(xsum[j] + 8 * b), mins[i][j]);
-        sx[j] = _mm256_mul_ps(ds, _mm256_loadu_ps(dx[j] + 8 * b));
-        if constexpr (NV > 2) _mm256_store_ps(sxm[j], sx[j]);
-      }
-      auto lane = [&](int j, int k) FT_TARGET_AVX2 {
-        if constexpr (NV > 2) return _mm256_broadcast_ss(&sxm[j][k]);
-        return _mm256_permutevar8x32_ps(sx[j], _mm256_set1_epi32(k));
-      };
+      __m256i qh = _mm256_setzero_si256();
+      if constexpr (kQ5) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16));
+      __m256i isum[NV];
       for (int h = 0; h < 4; ++h) {
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 + 32 * h));
-        const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-        const int s0 = 8 * b + 2 * h;  // x's 32-block of the low nibbles; the high ones are the next
-        for (int j = 0; j < NV; ++j) {
-          const uint8_t* xq = xs[j].q + 32 * s0;
-          const __m256i i0 = _mm256_madd_epi16(
-              _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq))), ones);
-          const __m256i i1 = _mm256_madd_epi16(
-              _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32))), ones);
-          acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), lane(j, 2 * h), acc[i][j]);
-          acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), lane(j, 2 * h + 1), acc[i][j]);
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kQs + 32 * h));
+        __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        if constexpr (kQ5) {
+          // bits 2h and 2h + 1 of qh to bit 4 (word shifts: the bits they carry across bytes are
+          // outside bit 4)
+          auto bit4 = [&](int s) FT_TARGET_AVX2 {
+            const __m256i v = s <= 4 ? _mm256_slli_epi16(qh, 4 - s) : _mm256_srli_epi16(qh, s - 4);
+            return _mm256_and_si256(v, m16);
+          };
+          lo = _mm256_or_si256(lo, bit4(2 * h));
+          hi = _mm256_or_si256(hi, bit4(2 * h + 1));
         }
+        const __m256i slo = _mm256_shuffle_epi8(sc, words_mask(2 * h, 2 * h));
+        const __m256i shi = _mm256_shuffle_epi8(sc, words_mask(2 * h + 1, 2 * h + 1));
+        for (int j = 0; j < NV; ++j) {
+          const uint8_t* xq = xs[j].q + 256 * b + 64 * h;
+          const __m256i t = _mm256_add_epi32(
+              _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq))), slo),
+              _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32))),
+                                shi));
+          isum[j] = h == 0 ? t : _mm256_add_epi32(isum[j], t);
+        }
+      }
+      for (int j = 0; j < NV; ++j) {
+        const __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_set1_ps(d * kx_dx(xs[j], K)[b]),
+                                         acc[i].get(j));
+        acc[i].set(j, _mm256_fnmadd_ps(dm, _mm256_loadu_ps(kx_xsum(xs[j], K) + 8 * b), a));
       }
     }
   }
   for (int i = 0; i < R; ++i)
-    for (int j = 0; j < NV; ++j) out[j * os + r + i] = hsum8(acc[i][j]) - hsum8(mins[i][j]);
+    for (int j = 0; j < NV; ++j) out[j * os + r + i] = hsum8(acc[i].get(j));
 }
 
-template <int NV>
-void rows_q4_k(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
+template <bool kQ5, int NV>
+void rows_qk45(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
   constexpr int R = q4_k_rows_per_step(NV);
   const int nb = K / 256;
-  const StreamPrefetch<> pf(W, rows_stream_bytes(ld, nrows, static_cast<size_t>(nb) * 144), prefetch);
+  const StreamPrefetch<> pf(W, rows_stream_bytes(ld, nrows, static_cast<size_t>(nb) * (kQ5 ? 176 : 144)), prefetch);
   int r = 0;
-  for (; r + R <= nrows; r += R) q4_k_step<R, NV>(W, ld, r, nb, xs, K, out, os, pf);
-  for (; r < nrows; ++r) q4_k_step<1, NV>(W, ld, r, nb, xs, K, out, os, pf);
+  for (; r + R <= nrows; r += R) qk45_step<kQ5, R, NV>(W, ld, r, nb, xs, K, out, os, pf);
+  for (; r < nrows; ++r) qk45_step<kQ5, 1, NV>(W, ld, r, nb, xs, K, out, os, pf);
 }
 
 // Q6_K: per 128-element half h and l < 32, q[l] = ql[l] & 15 | (qh[l] & 3) << 4, q[l + 32] = ql[l +
 // 32] & 15 | (qh[l] >> 2 & 3) << 4, q[l + 64] = ql[l] >> 4 | (qh[l] >> 4 & 3) << 4, q[l + 96] =
-// ql[l + 32] >> 4 | (qh[l] >> 6) << 4, each run of 32 one of x's blocks; w = q - 32 (int8), and
-// one int8 scale per 16: lanes 0-3 of a run's 8 take the scale of its first 16 elements, 4-7 the
-// next one.
+// ql[l + 32] >> 4 | (qh[l] >> 6) << 4, each run of 32 one of x's 32-blocks; w = q - 32, one int8
+// scale per 16 elements. The unsigned q (<= 63) meet x by VPMADDUBSW (pair sums <= 16002), the
+// scales by VPMADDWD (the low 128-bit lane of a run takes the scale of its first 16 elements, the
+// high one the next); the offset is one more VPMADDWD per super-block and vector: x's code sums per
+// 16 (csum) times -32 times the scales. |lane| <= 16 * 16002 * 128 + 32 * 128 * 2 * 2032.
 template <int NV>
 void rows_q6_k(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
   const int nb = K / 256;
-  const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
-  const __m256i pair_idx = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-  const float* dx[NV];
-  for (int j = 0; j < NV; ++j) dx[j] = reinterpret_cast<const float*>(xs[j].q + K);
+  const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
   StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * 210, prefetch);
   for (int r = 0; r < nrows; ++r) {
     const uint8_t* w = W + r * ld;
-    __m256 acc[NV][2];
-    for (int j = 0; j < NV; ++j) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    KAcc<NV> acc;
     for (int b = 0; b < nb; ++b) {
       const uint8_t* p = w + 210 * b;
       if (prefetch) pf.advance(p);
       const float d = _cvtsh_ss(load_u16(p + 208));
-      alignas(32) float sc[16];
       const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192));
-      _mm256_store_ps(sc, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8))));
-      _mm256_store_ps(sc + 8,
-                      _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8)))));
+      const __m256i s16 = _mm256_cvtepi8_epi16(s8);
+      const __m256i scm = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(s16, 5));  // -32 sc
+      __m256i isum[NV];
+      for (int j = 0; j < NV; ++j) {
+        isum[j] = _mm256_madd_epi16(scm, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kx_csum(xs[j], K) + 16 * b)));
+      }
       for (int h = 0; h < 2; ++h) {
         const uint8_t* ql = p + 64 * h;
         const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
         const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
         const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * h));
+        // scales 8h .. 8h + 7 as words in both lanes
+        const __m256i sc = _mm256_broadcastsi128_si256(h == 0 ? _mm256_castsi256_si128(s16) : _mm256_extracti128_si256(s16, 1));
         __m256i q[4];
-        q[0] = _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-        q[1] = _mm256_or_si256(_mm256_and_si256(c, m4),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+        q[0] = _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+        q[1] = _mm256_or_si256(_mm256_and_si256(c, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4), _mm256_and_si256(qh, m30));
         q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+                               _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
         for (int i = 0; i < 4; ++i) {
-          const __m256i wv = _mm256_sub_epi8(q[i], off);
-          const __m256i aw = _mm256_sign_epi8(wv, wv);
+          const __m256i sv = _mm256_shuffle_epi8(sc, words_mask(2 * i, 2 * i + 1));
           const int blk = 8 * b + 4 * h + i;  // x's 32-block
-          const int g = 8 * h + 2 * i;        // the scale of its first 16 elements
-          const __m256 sv = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_castsi128_ps(
-                                                         _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + g)))),
-                                                     pair_idx);
           for (int j = 0; j < NV; ++j) {
             const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[j].q + 32 * blk));
-            acc[j][i & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_i8x32(aw, wv, xq)),
-                                            _mm256_mul_ps(sv, _mm256_set1_ps(dx[j][blk])), acc[j][i & 1]);
+            isum[j] = _mm256_add_epi32(isum[j], _mm256_madd_epi16(_mm256_maddubs_epi16(q[i], xq), sv));
           }
         }
       }
+      for (int j = 0; j < NV; ++j) {
+        acc.set(j, _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_set1_ps(d * kx_dx(xs[j], K)[b]), acc.get(j)));
+      }
     }
-    for (int j = 0; j < NV; ++j) out[j * os + r] = hsum8(_mm256_add_ps(acc[j][0], acc[j][1]));
+    for (int j = 0; j < NV; ++j) out[j * os + r] = hsum8(acc.get(j));
   }
 }
 
@@ -503,7 +533,10 @@ void q8_mxfp4(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, in
   dispatch_n(n, [&](auto nv) { rows_pairs<Mxfp4Pairs, 17, decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
 }
 void q8_q4_k(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) {
-  dispatch_n(n, [&](auto nv) { rows_q4_k<decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
+  dispatch_n(n, [&](auto nv) { rows_qk45<false, decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
+}
+void q8_q5_k(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) {
+  dispatch_n(n, [&](auto nv) { rows_qk45<true, decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
 }
 void q8_q6_k(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) {
   dispatch_n(n, [&](auto nv) { rows_q6_k<decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
@@ -511,15 +544,24 @@ void q8_q6_k(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int
 
 }  // namespace
 
-void quantize_blocks32(const float* x, int k0, int k1, int K, void* base) {
+void quantize_kquant(const float* x, int k0, int k1, int K, void* base) {
   auto* q = static_cast<uint8_t*>(base);
   auto* dx = reinterpret_cast<float*>(q + K);
-  float* xsum = dx + K / 32;
-  for (int k = k0; k < k1; k += 32) {
-    dx[k / 32] = int8_codes(x + k, 32, reinterpret_cast<int8_t*>(q + k), true) / 127.f;
-    const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(x + k), _mm256_loadu_ps(x + k + 8)),
-                                   _mm256_add_ps(_mm256_loadu_ps(x + k + 16), _mm256_loadu_ps(x + k + 24)));
-    xsum[k / 32] = hsum8(s);
+  float* xsum = dx + K / 256;
+  auto* csum = reinterpret_cast<int16_t*>(xsum + K / 32);
+  for (int g = k0; g < k1; g += 256) {
+    auto* c = reinterpret_cast<int8_t*>(q + g);
+    dx[g / 256] = int8_codes(x + g, 256, c, true) / 127.f;
+    for (int k = g; k < g + 256; k += 32) {
+      const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(x + k), _mm256_loadu_ps(x + k + 8)),
+                                     _mm256_add_ps(_mm256_loadu_ps(x + k + 16), _mm256_loadu_ps(x + k + 24)));
+      xsum[k / 32] = hsum8(s);
+    }
+    for (int k = g; k < g + 256; k += 16) {
+      int sum = 0;
+      for (int e = 0; e < 16; ++e) sum += static_cast<int8_t>(q[k + e]);
+      csum[k / 16] = static_cast<int16_t>(sum);
+    }
   }
 }
 
@@ -1201,7 +1243,7 @@ namespace {
 // The supported types, in the order they are listed in errors. In the avx512_bf16 tier the types
 // with a q8 kernel take int8 activations (VNNI); the others run the AVX-512 fp32 kernels there (the
 // weights are dequantized to fp32 in registers either way, and a bf16 dot product would only add a
-// conversion). In the avx2 tier the types with a q8_avx2 kernel (Q4_0, MXFP4, Q4_K, Q6_K) take int8
+// conversion). In the avx2 tier the types with a q8_avx2 kernel (Q4_0, MXFP4, Q4_K, Q5_K, Q6_K) take int8
 // activations too.
 const TypeInfo kTypes[] = {
     {8, "Q8_0", 32, 34, FT_GGML_TIERS((rows_scalar<32, 34, deq_q8_0>), Q8_0), FT_GGML_Q8(q8_32, Q8_0), true, 32, 0, nullptr},
@@ -1218,7 +1260,7 @@ const TypeInfo kTypes[] = {
     {14, "Q6_K", 256, 210, FT_GGML_TIERS((rows_scalar<256, 210, deq_q6_k>), Q6_K), FT_GGML_Q8(q8_256, Q6K), false,
      256, kQ8Q6K, FT_GGML_Q8_AVX2(q6_k)},
     {13, "Q5_K", 256, 176, FT_GGML_TIERS((rows_scalar<256, 176, deq_q5_k>), Q5_K), FT_GGML_Q8(q8_256, QK45<true>),
-     false, 256, kQ8KQuant, nullptr},
+     false, 256, kQ8KQuant, FT_GGML_Q8_AVX2(q5_k)},
 };
 
 }  // namespace
@@ -1260,14 +1302,14 @@ size_t row_bytes(const std::string& context, const TypeInfo& t, long long K, con
 void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int layout, void* base) {
   vnni::quantize(x, k0, k1, K, G, unsigned_x, layout, base);
 }
-void q8_blocks32_quantize(const float* x, int k0, int k1, int K, void* base) {
-  avx2q8::quantize_blocks32(x, k0, k1, K, base);
+void q8_avx2k_quantize(const float* x, int k0, int k1, int K, void* base) {
+  avx2q8::quantize_kquant(x, k0, k1, K, base);
 }
 void q4_0_xq_quantize(const float* x, int k0, int k1, void* base) { vnni::quantize_q4_0(x, k0, k1, base); }
 #else
 void q8_quantize(const float*, int, int, int, int, bool, int, void*) { throw Error("q8_quantize needs AVX-512"); }
 void q4_0_xq_quantize(const float*, int, int, void*) { throw Error("q4_0_xq_quantize needs AVX-512"); }
-void q8_blocks32_quantize(const float*, int, int, int, void*) { throw Error("q8_blocks32_quantize needs AVX2"); }
+void q8_avx2k_quantize(const float*, int, int, int, void*) { throw Error("q8_avx2k_quantize needs AVX2"); }
 #endif
 
 GgmlMoeFormat::GgmlMoeFormat(const MoeParams& p, const Matrix& gate, const Matrix& up, const Matrix& down)
@@ -1286,7 +1328,7 @@ size_t GgmlMoeFormat::xq_bytes(const TypeInfo& t, int K) const {
 #if FT_X86
   if (avx2_q8_ && t.q8_avx2_pairs) return pairs::record_bytes(K);
 #endif
-  if (avx2_q8_) return q8_blocks32_bytes(K);
+  if (avx2_q8_) return q8_avx2k_bytes(K);
   return t.q8_layout == kQ8Q4_0 ? q4_0_xq_bytes(K) : q8_bytes(K);
 }
 
@@ -1296,7 +1338,7 @@ void GgmlMoeFormat::xq_quantize(const TypeInfo& t, const float* x, int k0, int k
     pairs::quantize(x + k0, k0, k1, pairs::PairOrder::kHalves, t.q8_avx2_pairs, 32, base);
 #endif
   } else if (avx2_q8_) {
-    q8_blocks32_quantize(x, k0, k1, K, base);
+    q8_avx2k_quantize(x, k0, k1, K, base);
   } else if (t.q8_layout == kQ8Q4_0) {
     q4_0_xq_quantize(x, k0, k1, base);
   } else {

@@ -68,28 +68,33 @@ using MultiFn = void (*)(const uint8_t* W, size_t ld, int nrows, const float* co
 //                          128c + 64 + 4l .. +3): the start of the VPDPBUSD lanes (Q4_0's offset 8)
 //   bytes 384 .. 387       dx of the group (fp32)
 //
-// kQ8Blocks32 (the avx2 tier's int8 kernels of Q4_K and Q6_K; Q4_0's and MXFP4's take
-// avx2_pairs.h's records; G = 32; codes as int8_codes in int8_codes.h, the same as above for finite
-// x): q[K] int8 codes in element order, then fp32 dx per 32-block (dx of element k at byte K + 4 (k /
-// 32)), then fp32 sums of the unquantized x per 32-block (the min terms of Q4_K) at byte K + K/8 + 4
-// (k / 32); K + K/4 bytes.
+// kQ8Avx2K (the avx2 tier's int8 kernels of Q4_K, Q5_K and Q6_K; Q4_0's and MXFP4's take avx2_pairs.h's
+// records; G = 256, as ggml's Q8_K; K a multiple of 256; codes as int8_codes in int8_codes.h, the
+// same as above for finite x):
+//   q[K]        int8 codes in element order
+//   dx[K/256]   fp32 at byte K: the step of each group
+//   xsum[K/32]  fp32 at byte K + K/64: sums of the unquantized x per 32-block (the min terms of
+//               Q4_K and Q5_K)
+//   csum[K/16]  int16 at byte K + K/64 + K/8: sums of the codes per 16 elements (the offset 32 of
+//               Q6_K's codes times its scales)
+//   K + K/64 + K/4 bytes (q8_avx2k_bytes).
 inline size_t q8_bytes(int K) { return 2 * static_cast<size_t>(K) + static_cast<size_t>(K) / 8; }
-inline size_t q8_blocks32_bytes(int K) { return static_cast<size_t>(K) + static_cast<size_t>(K) / 4; }
+inline size_t q8_avx2k_bytes(int K) { return static_cast<size_t>(K) + static_cast<size_t>(K) / 64 + static_cast<size_t>(K) / 4; }
 constexpr size_t kQ4_0XGroupBytes = 448;
 inline size_t q4_0_xq_bytes(int K) { return static_cast<size_t>((K + 255) / 256) * kQ4_0XGroupBytes; }
-enum Q8Layout : int { kQ8Plain = 0, kQ8Q4_0 = 1, kQ8KQuant = 2, kQ8Q6K = 3, kQ8Blocks32 = 4 };
+enum Q8Layout : int { kQ8Plain = 0, kQ8Q4_0 = 1, kQ8KQuant = 2, kQ8Q6K = 3, kQ8Avx2K = 4 };
 struct Q8Ref {
   const uint8_t* q;  // the vector's base
 };
 // Quantizes elements [k0, k1) (k0 a multiple of G) of x into the Q8 vector of K elements at `base`
-// (AVX-512: the avx512_bf16 tier's q8 kernels; the avx2 tier's take kQ8Blocks32, below).
-// layout: a Q8Layout other than kQ8Q4_0 and kQ8Blocks32.
+// (AVX-512: the avx512_bf16 tier's q8 kernels; the avx2 tier's take kQ8Avx2K, below).
+// layout: a Q8Layout other than kQ8Q4_0 and kQ8Avx2K.
 void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int layout, void* base);
 // The same into the kQ8Q4_0 layout (k0 a multiple of 256; the group of k1 is zero-padded).
 void q4_0_xq_quantize(const float* x, int k0, int k1, void* base);
-// The same into the kQ8Blocks32 layout, in AVX2 code (x indexed from element 0 as above; k0, k1
-// multiples of 32; the avx2 tier).
-void q8_blocks32_quantize(const float* x, int k0, int k1, int K, void* base);
+// The same into the kQ8Avx2K layout, in AVX2 code (x indexed from element 0 as above; k0 a multiple
+// of 256, k1 one or K; the avx2 tier).
+void q8_avx2k_quantize(const float* x, int k0, int k1, int K, void* base);
 // Int8 kernels: out[j * os + r] = row r . dequant(xs[j]) for n <= 8 vectors.
 using Q8Fn = void (*)(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os,
                       int prefetch);
@@ -106,7 +111,7 @@ struct TypeInfo {
   int q8_group;            // elements per x scale that q8 expects (32 or 256)
   int q8_layout;           // Q8Layout of the x that q8 takes
   Q8Fn q8_avx2;            // int8-activation kernels of the avx2 tier (VPMADDUBSW) or nullptr
-  int q8_avx2_pairs = 0;   // q8_avx2 takes x as avx2_pairs.h's records with this code offset (0: kQ8Blocks32)
+  int q8_avx2_pairs = 0;   // q8_avx2 takes x as avx2_pairs.h's records with this code offset (0: kQ8Avx2K)
 };
 
 // The supported type of ggml id `id`, or nullptr.
@@ -143,8 +148,12 @@ class GgmlMoeFormat final : public MoeFormat {
   void down_rows(int e, int h0, int h1, const RouteRef* routes, int n, float* out, int stride) const override;
   // prep_inter quantizes whole Q8 groups of h; pass-1 units of (at most) 64 rows, as nvfp4's.
   int pass1_rows() const override { return down_q8_ ? std::min(64, prep_rows()) : 16; }
-  // (the avx2 tier's int8 x is per 32-block; it prepares 64 rows at a time, for units of 64.)
-  int prep_rows() const override { return down_q8_ ? (avx2_q8_ ? 64 : std::max(32, down_.type->q8_group)) : 16; }
+  // (the avx2 tier's pair records of Q4_0 and MXFP4 are per 32-block; they are prepared 64 rows at a
+  // time, for units of 64; its K-quants' x is per 256, as the avx512_bf16 tier's.)
+  int prep_rows() const override {
+    if (!down_q8_) return 16;
+    return avx2_q8_ && down_.type->q8_avx2_pairs ? 64 : std::max(32, down_.type->q8_group);
+  }
   int pass2_rows() const override { return kPass2Rows; }
   void prep_input(const TaskInput& in) override;
   size_t inter_prep_bytes() const override { return down_q8_ ? xq_bytes(*down_.type, p_.intermediate) : 0; }
@@ -164,7 +173,7 @@ class GgmlMoeFormat final : public MoeFormat {
   MoeParams p_;
   Matrix gate_, up_, down_;
   bool gu_q8_ = false, down_q8_ = false;  // the int8 paths (types with a q8 kernel in this tier)
-  bool avx2_q8_ = false;                  // the avx2 tier (q8_avx2 kernels, kQ8Blocks32 x)
+  bool avx2_q8_ = false;                  // the avx2 tier (q8_avx2 kernels; kQ8Avx2K x for K-quants)
   std::vector<uint8_t> xq_;               // prep_input: the tokens' Q8 vectors of x
 };
 
