@@ -959,18 +959,36 @@ void rows32(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, floa
 // scale (low word; the high word of the scale is 0) and sums into int32: the whole super-block stays
 // integer and is converted and scaled by d * dx once.
 
-// The 6-bit scales (lanes 0..7) and mins (lanes 8..15) of a Q4_K/Q5_K super-block as int32.
+// The 6-bit scales (bytes 0..7) and mins (bytes 8..15) of Q4_K/Q5_K super-blocks, one per 128-bit
+// lane of v, from the 16 bytes at p + 4 of each block (the 12 scale bytes s0..s11; the rest is the
+// block's next field, unused):
+//   sc0..3 = s0..3 & 63, sc4..7 = (s8..11 & 15) | (s0..3 >> 6) << 4,
+//   mn0..3 = s4..7 & 63, mn4..7 = (s8..11 >> 4) | (s4..7 >> 6) << 4
+inline __m512i kquant_scale_bytes(__m512i v) {
+  const __m512i a = _mm512_shuffle_epi8(
+      v, _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11)));
+  const __m512i top = _mm512_shuffle_epi8(
+      v, _mm512_broadcast_i32x4(_mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7)));
+  const __m512i low = _mm512_and_si512(
+      _mm512_mask_blend_epi16(0xC0C0C0C0u, a, _mm512_srli_epi16(a, 4)),
+      _mm512_broadcast_i32x4(_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15)));
+  return _mm512_or_si512(low, _mm512_and_si512(_mm512_srli_epi16(top, 2), _mm512_set1_epi8(0x30)));
+}
+// The scales (lanes 0..7) and mins (lanes 8..15) of one super-block as int32.
 inline __m512i kquant_scales(const uint8_t* p) {
-  // 16 bytes from the 12 scale bytes s0..s11 (the rest is the block's next field, unused):
-  //   sc0..3 = s0..3 & 63, sc4..7 = (s8..11 & 15) | (s0..3 >> 6) << 4,
-  //   mn0..3 = s4..7 & 63, mn4..7 = (s8..11 >> 4) | (s4..7 >> 6) << 4
-  const __m128i v = ld128(p + 4);
-  const __m128i a = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
-  const __m128i top = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
-  const __m128i low = _mm_and_si128(_mm_blend_epi16(a, _mm_srli_epi16(a, 4), 0xC0),
-                                    _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15));
-  const __m128i sm = _mm_or_si128(low, _mm_and_si128(_mm_srli_epi16(top, 2), _mm_set1_epi8(0x30)));
-  return _mm512_cvtepu8_epi32(sm);
+  return _mm512_cvtepu8_epi32(_mm512_castsi512_si128(kquant_scale_bytes(_mm512_castsi128_si512(ld128(p + 4)))));
+}
+// The same for the super-blocks at p + i * ld, i < 4 (4 rows side by side): one decode for all four.
+inline void kquant_scales_x4(const uint8_t* p, size_t ld, __m512i* sc) {
+  __m512i v = _mm512_castsi128_si512(ld128(p + 4));
+  v = _mm512_inserti32x4(v, ld128(p + ld + 4), 1);
+  v = _mm512_inserti32x4(v, ld128(p + 2 * ld + 4), 2);
+  v = _mm512_inserti32x4(v, ld128(p + 3 * ld + 4), 3);
+  v = kquant_scale_bytes(v);
+  sc[0] = _mm512_cvtepu8_epi32(_mm512_castsi512_si128(v));
+  sc[1] = _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(v, 1));
+  sc[2] = _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(v, 2));
+  sc[3] = _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(v, 3));
 }
 
 // Q4_K / Q5_K: codes 0..15 (0..31) per 32-element sub-block with 6-bit scale sc and min m: the min
@@ -980,12 +998,20 @@ inline __m512i kquant_scales(const uint8_t* p) {
 template <bool kQ5>
 struct QK45 {
   static constexpr int elems = 256, bytes = kQ5 ? 176 : 144;
+  static constexpr bool kScalesX4 = true;  // rows256's 4-row loop decodes the scales of 4 rows at once
   template <int NV>
   static inline void block(const uint8_t* p, const Q8Ref* xs, int K, int k, __m512* acc, __m256* off) {
-    const __m512i sc = kquant_scales(p);
-    const float d = _cvtsh_ss(load_u16(p));
+    block_sc<NV>(p, kquant_scales(p), xs, K, k, acc, off);
+  }
+  // sc: kquant_scales(p)
+  template <int NV>
+  static inline void block_sc(const uint8_t* p, __m512i sc, const Q8Ref* xs, int K, int k, __m512* acc,
+                              __m256* off) {
+    // d and dmin in one conversion
+    const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(load_u16(p) | uint32_t{load_u16(p + 2)} << 16)));
+    const float d = _mm_cvtss_f32(dd);
     const __m256 M = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(sc, 1)),
-                                   _mm256_set1_ps(_cvtsh_ss(load_u16(p + 2))));
+                                   _mm256_broadcastss_ps(_mm_movehdup_ps(dd)));
     const uint8_t* qs = p + (kQ5 ? 48 : 16);
     const __m512i m = _mm512_set1_epi8(15);
     __m512i codes[4];  // sub-blocks (0, 2), (1, 3), (4, 6), (5, 7)
@@ -1030,6 +1056,7 @@ struct QK45 {
 // int16 code sums per 16 elements (kQ8Q6K layout) times the block's scales * -32.
 struct Q6K {
   static constexpr int elems = 256, bytes = 210;
+  static constexpr bool kScalesX4 = false;
   template <int NV>
   static inline void block(const uint8_t* p, const Q8Ref* xs, int K, int k, __m512* acc, __m256* /*off*/) {
     const __m128i s8 = ld128(p + 192);
@@ -1086,8 +1113,16 @@ void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, flo
       for (int i = 0; i < 4; ++i) acc[i] = _mm512_setzero_ps(), off[i] = _mm256_setzero_ps();
       for (int b = 0; b < nb; ++b) {
         if (prefetch) pf.advance(w + 4 * b * T::bytes);
-        for (int i = 0; i < 4; ++i) {
-          T::template block<1>(w + i * ld + b * T::bytes, xs, K, 256 * b, &acc[i], &off[i]);
+        if constexpr (T::kScalesX4) {
+          __m512i sc[4];
+          kquant_scales_x4(w + b * T::bytes, ld, sc);
+          for (int i = 0; i < 4; ++i) {
+            T::template block_sc<1>(w + i * ld + b * T::bytes, sc[i], xs, K, 256 * b, &acc[i], &off[i]);
+          }
+        } else {
+          for (int i = 0; i < 4; ++i) {
+            T::template block<1>(w + i * ld + b * T::bytes, xs, K, 256 * b, &acc[i], &off[i]);
+          }
         }
       }
       __m128 o[4];
