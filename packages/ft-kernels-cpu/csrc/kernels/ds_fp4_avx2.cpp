@@ -18,8 +18,9 @@
 //   bytes 160..163  int32, non-zero if the record carries lo
 //   bytes 192..255  lo bytes (0 .. 7): byte 32q + 16L + i = element 32L + 2i + q (q = 0: meets E,
 //                   q = 1: meets O)
-// Products w * 256 * hi stay below 2^28 and a lane sums 8 of them; lo is added as a separate fp32
-// term (t_hi + t_lo / 8), so nothing overflows int32.
+// Products |w * 256 * hi| <= 12 * 256 * 28672 < 2^27 and a lane sums 8 of them (< 2^30); lo adds
+// 32 * t_lo (t_hi + t_lo / 8 in units of the words' 256; |t_lo| <= 8 * 12 * 7) before the one
+// conversion, so nothing overflows int32.
 #include <algorithm>
 #include <cstring>
 
@@ -66,18 +67,19 @@ FT_TARGET_AVX2 void rows(const uint8_t* W, const uint8_t* S, int nrows, const vo
       for (int j = 0; j < NV; ++j) {
         const char* x = static_cast<const char*>(xs[j]) + xo;
         auto ld = [x](size_t o) FT_TARGET_AVX2 { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + o)); };
-        const __m256i t = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(w0, ld(0)), _mm256_madd_epi16(w1, ld(32))),
-                                           _mm256_add_epi32(_mm256_madd_epi16(w2, ld(64)), _mm256_madd_epi16(w3, ld(96))));
-        __m256 f = _mm256_cvtepi32_ps(t);
+        __m256i t = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(w0, ld(0)), _mm256_madd_epi16(w1, ld(32))),
+                                     _mm256_add_epi32(_mm256_madd_epi16(w2, ld(64)), _mm256_madd_epi16(w3, ld(96))));
         int32_t flag;
         std::memcpy(&flag, x + kAvx2Flag, sizeof flag);
         if (__builtin_expect(flag != 0, 0)) {
           const __m256i u16 =
               _mm256_add_epi16(_mm256_maddubs_epi16(ld(kAvx2Lo), lo), _mm256_maddubs_epi16(ld(kAvx2Lo + 32), hi));
           const __m256i u = _mm256_madd_epi16(u16, _mm256_set1_epi16(1));
-          // t_hi + t_lo / 8, t_hi from the words w * 256: t_lo * 256 / 8.
-          f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(u), _mm256_set1_ps(32.f), f);
+          // t_hi + t_lo / 8, t_hi from the words w * 256: t_lo * 256 / 8, exactly in int32 (|t| < 2^30,
+          // |32 u| < 2^15)
+          t = _mm256_add_epi32(t, _mm256_slli_epi32(u, 5));
         }
+        const __m256 f = _mm256_cvtepi32_ps(t);
         const __m256 xsc = _mm256_loadu_ps(reinterpret_cast<const float*>(x + kAvx2Scale));
         acc[j] = _mm256_fmadd_ps(f, _mm256_mul_ps(ws, xsc), acc[j]);
       }
