@@ -131,8 +131,10 @@ class DsFp4Format final : public MoeFormat {
   // layout in avx512_bf16: about 90% of h's steps need the records' low part (h spans more than 11
   // binades of its block's largest element; x 4-8%), which made the Xeon's down rows slower than its
   // fp32 kernels, while on Zen 3 the int16 down rows of one vector still beat the avx2 fp32 kernels.
-  // There, from 4 vectors for x and 2 for h, the fp32 kernels win (batch 8 sharing its experts: 10.3
-  // ms a step with int16 against 8.5 with fp32; docs/benchmarks.md).
+  // There the avx2 int16 kernels of 3+ vectors take two rows side by side (ds_fp4_avx2.cpp): for x
+  // they beat the fp32 kernels at every vector count (8 vectors of H = 2048: 38 against 57 TSC ticks
+  // per 64 weights), so x takes no fp32 layout; for h, whose records fit L1 and nearly all carry the
+  // low part, the fp32 kernels stay from 2 vectors (docs/benchmarks.md, sixteenth session).
   static Plan plan(dsfp4::Kernels k, Isa isa, bool x, int amx_min) {
     switch (k) {
       case dsfp4::Kernels::fp32: return {Layout::fp32, Layout::fp32, 0};
@@ -142,7 +144,7 @@ class DsFp4Format final : public MoeFormat {
       case dsfp4::Kernels::int16: break;
     }
     if (isa == Isa::avx512_bf16) return {x ? Layout::int16 : Layout::fp32, Layout::fp32, 0};
-    return {Layout::int16, Layout::fp32, x ? 4 : 2};
+    return {Layout::int16, Layout::fp32, x ? 0 : 2};
   }
   size_t layout_bytes(Layout L, int K) const {
     switch (L) {

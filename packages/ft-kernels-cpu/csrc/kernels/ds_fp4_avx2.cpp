@@ -41,64 +41,89 @@ using Prefetch = StreamPrefetch<PrefetchHint::L2>;  // as fp4_kernels.cpp
 
 #if FT_X86
 
-template <int NV>
+// Rows [0, nrows) of W (nrows a multiple of R) against NV vectors, R rows side by side: each step of
+// R rows meets every vector's record once, so with R = 2 the second row's loads of the record hit L1
+// (8 vectors' records of H = 2048 are 48 KiB of lines, more than Zen 3's L1d). Each row takes the
+// same operations in the same order whatever R, so results do not depend on how rows are grouped.
+template <int NV, int R>
 FT_TARGET_AVX2 void rows(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int K, float* out,
                          int os, const Prefetch& pw, const Prefetch& ps) {
   const __m256i lut = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
   const __m256i m = _mm256_set1_epi8(0x0f), zero = _mm256_setzero_si256();
   const int nb = K / 32;
   constexpr bool two = NV <= 2;  // two accumulator chains per vector (the FMA latency)
-  for (int r = 0; r < nrows; ++r) {
-    const uint8_t* w = W + static_cast<size_t>(r) * (K / 2);
-    const uint8_t* s = S + static_cast<size_t>(r) * nb;
-    if (ps.dist) ps.ahead(s);
-    __m256 a0[NV], a1[NV];
-    for (int j = 0; j < NV; ++j) a0[j] = a1[j] = _mm256_setzero_ps();
-    // Blocks b and b + 1 (if `pair`) against every vector's record b / 2, into acc.
-    // ws: the scales of blocks b, b + 1 per int32 lane (4 each).
-    auto step = [&](int b, bool pair, __m256 ws, __m256* acc) FT_TARGET_AVX2 {
-      const __m256i wv = pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 16 * b))
-                              : _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16 * b)));
-      const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(wv, m));
-      const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(wv, 4), m));
-      const __m256i w0 = _mm256_unpacklo_epi8(zero, lo), w1 = _mm256_unpackhi_epi8(zero, lo);
-      const __m256i w2 = _mm256_unpacklo_epi8(zero, hi), w3 = _mm256_unpackhi_epi8(zero, hi);
+  static_assert(R == 1 || !two, "rows side by side only for 3+ vectors (one chain each)");
+  for (int r = 0; r < nrows; r += R) {
+    const uint8_t* w[R];
+    const uint8_t* s[R];
+    for (int i = 0; i < R; ++i) {
+      w[i] = W + static_cast<size_t>(r + i) * (K / 2);
+      s[i] = S + static_cast<size_t>(r + i) * nb;
+      if (ps.dist) ps.ahead(s[i]);
+    }
+    __m256 a0[R][NV], a1[R][NV];
+    for (int i = 0; i < R; ++i)
+      for (int j = 0; j < NV; ++j) a0[i][j] = a1[i][j] = _mm256_setzero_ps();
+    // Blocks b and b + 1 (if `pair`) of the R rows against every vector's record b / 2, into acc.
+    // ws[i]: row i's scales of blocks b, b + 1 per int32 lane (4 each).
+    auto step = [&](int b, bool pair, const __m256* ws, __m256 (*acc)[NV]) FT_TARGET_AVX2 {
+      __m256i lo[R], hi[R], wd[R][4];
+      for (int i = 0; i < R; ++i) {
+        const __m256i wv = pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i] + 16 * b))
+                                : _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[i] + 16 * b)));
+        lo[i] = _mm256_shuffle_epi8(lut, _mm256_and_si256(wv, m));
+        hi[i] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(wv, 4), m));
+        wd[i][0] = _mm256_unpacklo_epi8(zero, lo[i]), wd[i][1] = _mm256_unpackhi_epi8(zero, lo[i]);
+        wd[i][2] = _mm256_unpacklo_epi8(zero, hi[i]), wd[i][3] = _mm256_unpackhi_epi8(zero, hi[i]);
+      }
       const size_t xo = static_cast<size_t>(b / 2) * kAvx2Record;
       for (int j = 0; j < NV; ++j) {
         const char* x = static_cast<const char*>(xs[j]) + xo;
         auto ld = [x](size_t o) FT_TARGET_AVX2 { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + o)); };
-        __m256i t = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(w0, ld(0)), _mm256_madd_epi16(w1, ld(32))),
-                                     _mm256_add_epi32(_mm256_madd_epi16(w2, ld(64)), _mm256_madd_epi16(w3, ld(96))));
         int32_t flag;
         std::memcpy(&flag, x + kAvx2Flag, sizeof flag);
-        if (__builtin_expect(flag != 0, 0)) {
-          const __m256i u16 =
-              _mm256_add_epi16(_mm256_maddubs_epi16(ld(kAvx2Lo), lo), _mm256_maddubs_epi16(ld(kAvx2Lo + 32), hi));
-          const __m256i u = _mm256_madd_epi16(u16, _mm256_set1_epi16(1));
-          // t_hi + t_lo / 8, t_hi from the words w * 256: t_lo * 256 / 8, exactly in int32 (|t| < 2^30,
-          // |32 u| < 2^15)
-          t = _mm256_add_epi32(t, _mm256_slli_epi32(u, 5));
-        }
-        const __m256 f = _mm256_cvtepi32_ps(t);
         const __m256 xsc = _mm256_loadu_ps(reinterpret_cast<const float*>(x + kAvx2Scale));
-        acc[j] = _mm256_fmadd_ps(f, _mm256_mul_ps(ws, xsc), acc[j]);
+        for (int i = 0; i < R; ++i) {
+          __m256i t = _mm256_add_epi32(
+              _mm256_add_epi32(_mm256_madd_epi16(wd[i][0], ld(0)), _mm256_madd_epi16(wd[i][1], ld(32))),
+              _mm256_add_epi32(_mm256_madd_epi16(wd[i][2], ld(64)), _mm256_madd_epi16(wd[i][3], ld(96))));
+          if (__builtin_expect(flag != 0, 0)) {
+            const __m256i u16 = _mm256_add_epi16(_mm256_maddubs_epi16(ld(kAvx2Lo), lo[i]),
+                                                 _mm256_maddubs_epi16(ld(kAvx2Lo + 32), hi[i]));
+            const __m256i u = _mm256_madd_epi16(u16, _mm256_set1_epi16(1));
+            // t_hi + t_lo / 8, t_hi from the words w * 256: t_lo * 256 / 8, exactly in int32 (|t| <
+            // 2^30, |32 u| < 2^15)
+            t = _mm256_add_epi32(t, _mm256_slli_epi32(u, 5));
+          }
+          acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(ws[i], xsc), acc[i][j]);
+        }
       }
     };
     int b = 0;
     for (; b + 4 <= nb; b += 4) {
-      if (pw.dist) pw.ahead(w + 16 * b);
-      // The 4 blocks' scales at once (fp4::e8m0x4), spread over the lanes.
-      const __m256 f = _mm256_castps128_ps256(fp4::e8m0x4(s + b));
-      step(b, true, _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1)), a0);
-      step(b + 2, true, _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3)), two ? a1 : a0);
+      __m256 ws0[R], ws1[R];
+      for (int i = 0; i < R; ++i) {
+        if (pw.dist) pw.ahead(w[i] + 16 * b);
+        // The 4 blocks' scales at once (fp4::e8m0x4), spread over the lanes.
+        const __m256 f = _mm256_castps128_ps256(fp4::e8m0x4(s[i] + b));
+        ws0[i] = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+        ws1[i] = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3));
+      }
+      step(b, true, ws0, a0);
+      step(b + 2, true, ws1, two ? a1 : a0);
     }
     for (; b < nb; b += 2) {
-      if (pw.dist) pw.ahead(w + 16 * b);
       const bool pair = b + 1 < nb;
-      step(b, pair,
-           _mm256_setr_m128(_mm_set1_ps(fp4::kE8m0.v[s[b]]), _mm_set1_ps(pair ? fp4::kE8m0.v[s[b + 1]] : 0.f)), a0);
+      __m256 ws[R];
+      for (int i = 0; i < R; ++i) {
+        if (pw.dist) pw.ahead(w[i] + 16 * b);
+        ws[i] = _mm256_setr_m128(_mm_set1_ps(fp4::kE8m0.v[s[i][b]]),
+                                 _mm_set1_ps(pair ? fp4::kE8m0.v[s[i][b + 1]] : 0.f));
+      }
+      step(b, pair, ws, a0);
     }
-    for (int j = 0; j < NV; ++j) out[j * os + r] = hsum8(two ? _mm256_add_ps(a0[j], a1[j]) : a0[j]);
+    for (int i = 0; i < R; ++i)
+      for (int j = 0; j < NV; ++j) out[j * os + r + i] = hsum8(two ? _mm256_add_ps(a0[i][j], a1[i][j]) : a0[i][j]);
   }
 }
 
@@ -215,7 +240,20 @@ void avx2_int16_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, co
 #if FT_X86
   const Prefetch pw(W, static_cast<size_t>(nrows) * (K / 2), prefetch);
   const Prefetch ps(S, static_cast<size_t>(nrows) * (K / 32), prefetch / 16);
-  dispatch_n(n, [&](auto nv) { rows<decltype(nv)::value>(W, S, nrows, xs, K, out, os, pw, ps); });
+  dispatch_n(n, [&](auto nv) {
+    constexpr int NV = decltype(nv)::value;
+    if constexpr (NV >= 3) {
+      // rows two at a time, a last odd row alone
+      const int even = nrows & ~1;
+      rows<NV, 2>(W, S, even, xs, K, out, os, pw, ps);
+      if (even < nrows) {
+        rows<NV, 1>(W + static_cast<size_t>(even) * (K / 2), S + static_cast<size_t>(even) * (K / 32), 1, xs, K,
+                    out + even, os, pw, ps);
+      }
+    } else {
+      rows<NV, 1>(W, S, nrows, xs, K, out, os, pw, ps);
+    }
+  });
 #else
   (void)W, (void)S, (void)xs, (void)K, (void)out, (void)os, (void)prefetch;
   throw Error("ds_fp4 int16 kernels need x86");
