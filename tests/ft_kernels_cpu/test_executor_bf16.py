@@ -71,6 +71,23 @@ def test_matches_float64_reference(isa: str, act: str, T: int) -> None:
     check(y, ref, scale, isa)
 
 
+@pytest.mark.parametrize("T", [3, 8])
+@pytest.mark.parametrize("isa", TIERS)
+def test_long_rows_against_many_vectors(isa: str, T: int) -> None:
+    # Rows longer than a 32 KiB L1d holds for T vectors of x (T * H * 4 bytes): the avx2 tier takes
+    # them two rows at a time (and 8 vectors as two sets); H % 8 = 4 leaves a tail in every row. Two
+    # experts and top_k = 2: every call has all T tokens.
+    rng = np.random.default_rng([TIERS.index(isa), T, 2900])
+    E, H, I, top_k = 2, 2900, 48, 2
+    banks = make_layer(rng, E, H, I)
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=8, num_threads=2, isa=isa)
+    ex.add_layer(0, "bf16", num_experts=E, intermediate=I, banks=banks, activation="silu")
+    x, _, w = random_inputs(rng, T, H, top_k, E, x_scale=2.0)
+    ids = np.tile(np.arange(top_k, dtype=np.int32), (T, 1))
+    ref, scale = reference(banks, x, ids, w, I, "silu")
+    check(ex.run(0, x, ids, w), ref, scale, isa)
+
+
 @pytest.mark.parametrize("isa", TIERS)
 def test_biases_and_swigluoai_options(isa: str) -> None:
     rng = np.random.default_rng(7)

@@ -136,6 +136,40 @@ FT_TARGET_AVX2 void dot_row_multi_avx2(const uint16_t* w, const float* const* xs
   }
 }
 
+// R rows and N vectors at once in the avx2 tier: each vector's 8 floats are loaded once for the R
+// rows. One row against 8 vectors of H = 2048 reads 64 KiB of x per row, twice Zen 3's L1d, so the
+// vectors stream from L2 at 8 loads per 8 weights; two rows halve that. Every (row, vector) sum
+// takes the same products in the same order as dot_row_multi_avx2 (the prefetch aside), so results
+// do not depend on how rows are grouped. R * N <= 12 accumulators stay in the 16 ymm registers.
+template <int N, int R>
+FT_TARGET_AVX2 void dot_rows_block_avx2(const uint16_t* W, size_t ld, const float* const* xs, int K, float* out,
+                                        int os, const Prefetch& pf) {
+  static_assert(R * N <= 12, "accumulators in registers");
+  __m256 acc[R][N];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < N; ++j) acc[i][j] = _mm256_setzero_ps();
+  const size_t lead = std::max(static_cast<size_t>(pf.dist), R * ld * sizeof(uint16_t));
+  int k = 0;
+  for (; k + 8 <= K; k += 8) {
+    __m256 wv[R];
+    for (int i = 0; i < R; ++i) {
+      if (pf.dist && (k & 31) == 0) pf.ahead_by(W + i * ld + k, lead);
+      wv[i] = load8_bf16(W + i * ld + k);
+    }
+    for (int j = 0; j < N; ++j) {
+      const __m256 xv = _mm256_loadu_ps(xs[j] + k);
+      for (int i = 0; i < R; ++i) acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
+    }
+  }
+  for (int i = 0; i < R; ++i) {
+    for (int j = 0; j < N; ++j) {
+      float s = hsum8(acc[i][j]);
+      for (int kk = k; kk < K; ++kk) s += bf16_to_f32(W[i * ld + kk]) * xs[j][kk];
+      out[j * os + i] = s;
+    }
+  }
+}
+
 template <int N>
 FT_TARGET_AVX512 void dot_row_multi_avx512(const uint16_t* w, const float* const* xs, int K, float* out, int os,
                                            const Prefetch& pf) {
@@ -434,14 +468,35 @@ void bf16_dot_rows_multi_f32(Isa isa, const uint16_t* W, size_t ld, int nrows, c
     return;
   }
 #endif
+#if FT_X86
+  if (isa == Isa::avx2) {
+    // Where the vectors are more than a 32 KiB L1d holds: rows two at a time against up to 6
+    // vectors; 7 or 8 as two sets (4 and the rest), each set's vectors loaded once per row pair; a
+    // last odd row alone. Vectors that fit L1 take one row at a time (Zen 3, 8 vectors of 768: the
+    // blocks were 5-15% slower there, and 1.3x faster for 8 of 2048; docs/benchmarks.md).
+    int r = 0;
+    if (n >= 2 && static_cast<size_t>(n) * K * sizeof(float) > 32768) {
+      for (; r + 2 <= nrows; r += 2) {
+        const uint16_t* w = W + r * ld;
+        for (int j0 = 0; j0 < n; j0 += n <= 6 ? n : 4) {
+          const int m = std::min(n - j0, n <= 6 ? n : 4);
+          dispatch_n(m, [&](auto nv) {
+            constexpr int N = decltype(nv)::value;
+            if constexpr (N <= 6) dot_rows_block_avx2<N, 2>(w, ld, xs + j0, K, out + r + j0 * out_stride, out_stride, pf);
+          });
+        }
+      }
+    }
+    for (; r < nrows; ++r) {
+      dispatch_n(n, [&](auto nv) {
+        dot_row_multi_avx2<decltype(nv)::value>(W + r * ld, xs, K, out + r, out_stride, pf);
+      });
+    }
+    return;
+  }
+#endif
   for (int r = 0; r < nrows; ++r) {
     const uint16_t* w = W + r * ld;
-#if FT_X86
-    if (isa == Isa::avx2) {
-      dispatch_n(n, [&](auto nv) { dot_row_multi_avx2<decltype(nv)::value>(w, xs, K, out + r, out_stride, pf); });
-      continue;
-    }
-#endif
     for (int j = 0; j < n; ++j) dot_rows_scalar(w, ld, 1, xs[j], K, out + r + j * out_stride);
   }
 }
