@@ -482,6 +482,7 @@ void bf16_dot_rows_multi_f32(Isa isa, const uint16_t* W, size_t ld, int nrows, c
           const int m = std::min(n - j0, n <= 6 ? n : 4);
           dispatch_n(m, [&](auto nv) {
             constexpr int N = decltype(nv)::value;
+            // m <= 6 by construction (n <= 6 in one set, else sets of 4 and n - 4 <= 4)
             if constexpr (N <= 6) dot_rows_block_avx2<N, 2>(w, ld, xs + j0, K, out + r + j0 * out_stride, out_stride, pf);
           });
         }

@@ -92,8 +92,8 @@ struct Q8Ref {
 void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int layout, void* base);
 // The same into the kQ8Q4_0 layout (k0 a multiple of 256; the group of k1 is zero-padded).
 void q4_0_xq_quantize(const float* x, int k0, int k1, void* base);
-// The same into the kQ8Avx2K layout, in AVX2 code (x indexed from element 0 as above; k0 a multiple
-// of 256, k1 one or K; the avx2 tier).
+// The same into the kQ8Avx2K layout, in AVX2 code (x indexed from element 0 as above; k0 and k1
+// multiples of 256, whole groups only; the avx2 tier).
 void q8_avx2k_quantize(const float* x, int k0, int k1, int K, void* base);
 // Int8 kernels: out[j * os + r] = row r . dequant(xs[j]) for n <= 8 vectors.
 using Q8Fn = void (*)(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os,
