@@ -273,20 +273,24 @@ struct Q4_0Pairs {
     const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at(row, 2 * p) + 2));
     L = split(_mm256_set_m128i(_mm_setzero_si128(), a), H);
   }
+  // The fp16 scales d0..d3 of blocks 4g..4g+3 gathered by word blends as the halves
+  // [d0 d2 - - d1 d3 - -] (the unused words convert to values no lane takes), converted together;
+  // in-lane VPERMILPS then give [d0 x4, d1 x4] and [d2 x4, d3 x4]. Two VPERMPS of [d0 d1 d2 d3] did
+  // it before; on Zen 3 a VPERMPS is two uops, one of them on a multiply pipe, where the VPMADDUBSWs
+  // run.
   void scales4(int row, int g, __m256& s0, __m256& s1) const {
     const uint8_t* q = at(row, 4 * g);
     auto ld16 = [](const uint8_t* a) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(a)); };
-    __m128i t = _mm_blend_epi16(ld16(q), ld16(q + 16), 0x02);
-    t = _mm_blend_epi16(_mm_blend_epi16(t, ld16(q + 32), 0x04), ld16(q + 48), 0x08);
-    const __m256 f = _mm256_castps128_ps256(_mm_cvtph_ps(t));
-    s0 = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
-    s1 = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3));
+    __m128i t = _mm_blend_epi16(ld16(q), ld16(q + 34), 0x02);            // word 1: d2 (byte 36)
+    t = _mm_blend_epi16(_mm_blend_epi16(t, ld16(q + 10), 0x10), ld16(q + 44), 0x20);  // words 4, 5: d1, d3
+    const __m256 f = _mm256_cvtph_ps(t);
+    s0 = _mm256_permute_ps(f, 0x00);
+    s1 = _mm256_permute_ps(f, 0x55);
   }
   __m256 scales2(int row, int p, bool half) const {
     const uint8_t* q = at(row, 2 * p);
-    const uint32_t w = load_u16(q) | (half ? 0u : static_cast<uint32_t>(load_u16(q + 18)) << 16);
-    const __m256 f = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(w))));
-    return _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+    const __m128i t = _mm_setr_epi32(load_u16(q), 0, half ? 0 : load_u16(q + 18), 0);  // words 0 and 4
+    return _mm256_permute_ps(_mm256_cvtph_ps(t), 0x00);
   }
   void ahead(int row, int g) const {
     if (pf) pf->advance(at(row, 4 * g));
