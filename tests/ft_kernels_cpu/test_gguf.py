@@ -245,23 +245,29 @@ def test_int8_paths_match_an_int8_emulation(isa: str, gu: Q, dn: Q, T: int) -> N
 @pytest.mark.parametrize("isa", TIERS)
 def test_mxfp4_extreme_e8m0_scales(isa: str) -> None:
     # ggml's MXFP4 scale is e8m0_half(e) = 2^(e - 128), e = 0 and 1 the fp32 subnormals 2^-128 and
-    # 2^-127 (gguf.quants.dequantize agrees). Gate rows hold code 7 (6) and up rows code 2 (1) in
-    # element 0 at e = 143 (2^15): h = silu(6 * 2^15) * 2^15 ~ 2^33 on every row, so that down rows
-    # at e = 0 and 1 (y ~ 2^-90) show above the checks' 1e-30 absolute slack. The down rows' first
-    # byte in each of their 4 blocks holds codes 2j % 16 and (2j + 1) % 16 (elements 0 and 16): every
-    # code; 4 blocks is one step of the avx2 tier's 4-scale conversion.
+    # 2^-127 and e = 255 the finite 2^127, not NaN (gguf.quants.dequantize agrees). Gate rows hold
+    # code 7 (6) and up rows code 2 (1) in element 0 at e = 143 (2^15): h = silu(6 * 2^15) * 2^15 ~
+    # 2^33 on every row, so that down rows at e = 0 and 1 (y ~ 2^-90) show above the checks' 1e-30
+    # absolute slack. The down rows' first byte in each of their 4 blocks holds codes 2j % 16 and
+    # (2j + 1) % 16 (elements 0 and 16): every code; 4 blocks is one step of the avx2 tier's 4-scale
+    # conversion. At e = 255 only codes 0, 1, 8 and 9 (0 and +-0.5) are finite in fp32, so the down
+    # rows take those, and the gate and up rows e = 80 (h ~ 2^-94, y ~ 2^33).
     H, I, E = 32, 128, 1
     x, ids, w = one_token_on_expert_0(H)
     options = {"gate_up_type": int(Q.MXFP4), "down_type": int(Q.MXFP4)}
-    gate = np.zeros((E, I, 17), np.uint8)
-    gate[..., 0], gate[..., 1] = 143, 0x07
-    up = gate.copy()
-    up[..., 1] = 0x02
     j = np.arange(H)
-    for e in (0, 1, 2, 127, 200):
+    for e in (0, 1, 2, 127, 200, 255):
+        gate = np.zeros((E, I, 17), np.uint8)
+        gate[..., 0], gate[..., 1] = (80 if e == 255 else 143), 0x07
+        up = gate.copy()
+        up[..., 1] = 0x02
         down = np.zeros((E, H, I // 32, 17), np.uint8)
         down[..., 0] = e
-        down[0, :, :, 1] = (((2 * j) % 16) | (((2 * j + 1) % 16) << 4))[:, None]
+        codes = (2 * j) % 16, (2 * j + 1) % 16
+        if e == 255:
+            finite = np.array([0, 1, 8, 9])
+            codes = finite[(2 * j) % 4], finite[(2 * j + 1) % 4]
+        down[0, :, :, 1] = (codes[0] | (codes[1] << 4))[:, None]
         down = down.reshape(E, H, -1)
         banks = {"gate": gate, "up": up, "down": down}
         wref = {

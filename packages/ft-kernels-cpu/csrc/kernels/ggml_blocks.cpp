@@ -20,6 +20,19 @@ namespace ggml {
 
 namespace {
 
+// ggml's e8m0_half (GGML_E8M0_TO_FP32_HALF) four times per code: 2^(e - 128) for every e, so 0 and 1
+// are fp32 subnormals and 255 is the finite 2^127 (not NaN as in the MX format's e8m0). One 16-byte
+// row per block, the lanes of the avx2 MXFP4 pairs kernel.
+struct E8m0GgmlHalf4 {
+  alignas(16) float v[256][4];
+  E8m0GgmlHalf4() {
+    for (int e = 0; e < 256; ++e) {
+      for (float& f : v[e]) f = std::ldexp(1.f, e - 128);
+    }
+  }
+};
+const E8m0GgmlHalf4 kE8m0GgmlHalf4;
+
 // IEEE half to float, exactly (normals, subnormals, inf, NaN).
 inline float f16_to_f32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
@@ -317,24 +330,21 @@ struct Mxfp4Pairs {
     const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at(row, 2 * p) + 1));
     pairs::e2m1_split(_mm256_set_m128i(_mm_setzero_si128(), a), L, H);
   }
-  // e8m0_half of 4 exponents (lanes 0-3 of e): (e - 1) << 23 from e = 2 on, 0x00200000 << e below.
-  static __m128 half_scales(__m128i e) {
-    const __m128i big = _mm_sub_epi32(_mm_slli_epi32(e, 23), _mm_set1_epi32(0x00800000));
-    const __m128i small = _mm_sllv_epi32(_mm_set1_epi32(0x00200000), e);
-    return _mm_castsi128_ps(_mm_blendv_epi8(big, small, _mm_cmpgt_epi32(_mm_set1_epi32(2), e)));
+  // e8m0_half of blocks 4g..4g+3, each block's value in the 4 lanes of its half of s0 or s1: two
+  // 16-byte rows of kE8m0GgmlHalf4 per register, as the mxfp4 format's avx2 kernel (the decode by
+  // shifts and two VPERMPS cost a multiply pipe that the VPMADDUBSWs need).
+  static __m256 lanes(uint8_t a, uint8_t b) {
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_load_ps(kE8m0GgmlHalf4.v[a])),
+                                _mm_load_ps(kE8m0GgmlHalf4.v[b]), 1);
   }
   void scales4(int row, int g, __m256& s0, __m256& s1) const {
     const uint8_t* q = at(row, 4 * g);
-    const __m128i e = _mm_setr_epi32(q[0], q[17], q[34], q[51]);
-    const __m256 f = _mm256_castps128_ps256(half_scales(e));
-    s0 = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
-    s1 = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3));
+    s0 = lanes(q[0], q[17]);
+    s1 = lanes(q[34], q[51]);
   }
   __m256 scales2(int row, int p, bool half) const {
     const uint8_t* q = at(row, 2 * p);
-    const __m256 f = _mm256_castps128_ps256(half_scales(_mm_setr_epi32(q[0], half ? 0 : q[17], 0, 0)));
-    const __m256 s = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
-    return half ? _mm256_blend_ps(s, _mm256_setzero_ps(), 0xf0) : s;
+    return half ? _mm256_set_m128(_mm_setzero_ps(), _mm_load_ps(kE8m0GgmlHalf4.v[q[0]])) : lanes(q[0], q[17]);
   }
   void ahead(int row, int g) const {
     if (pf) pf->advance(at(row, 4 * g));
