@@ -251,7 +251,7 @@ def test_mxfp4_extreme_e8m0_scales(isa: str) -> None:
     # absolute slack. The down rows' first byte in each of their 4 blocks holds codes 2j % 16 and
     # (2j + 1) % 16 (elements 0 and 16): every code; 4 blocks is one step of the avx2 tier's 4-scale
     # conversion. At e = 255 only codes 0, 1, 8 and 9 (0 and +-0.5) are finite in fp32, so the down
-    # rows take those, and the gate and up rows e = 80 (h ~ 2^-94, y ~ 2^33).
+    # rows take those, and the gate and up rows e = 80 (h ~ 2^-92, y ~ 2^36).
     H, I, E = 32, 128, 1
     x, ids, w = one_token_on_expert_0(H)
     options = {"gate_up_type": int(Q.MXFP4), "down_type": int(Q.MXFP4)}
