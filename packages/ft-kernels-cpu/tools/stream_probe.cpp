@@ -120,6 +120,7 @@ Fn pick_mode(Mode m) {
     case kT0: return stream_unit<W, kT0>;
     case kT1: return stream_unit<W, kT1>;
     case kPage: return stream_unit<W, kPage>;
+    case kCont: break;  // a kernel of its own (pick_cont)
   }
   return nullptr;
 }
