@@ -26,12 +26,12 @@ def shape_for(fmt: str) -> MoeShape:
     return MoeShape(512, inter, E, TOP_K, 1, "swigluoai" if fmt == "mxfp4" else "silu")
 
 
-def run_format(fmt: str, threads: int) -> np.ndarray:
+def run_format(fmt: str, threads: int, prefetch: int | None = None) -> np.ndarray:
     shape = shape_for(fmt)
     mod = bench_formats.load(fmt)
     rng = np.random.default_rng(7)
     banks = mod.banks(shape, E, rng)
-    ex = fk.MoeExecutor(shape.hidden, TOP_K, max_tokens=T, num_threads=threads)
+    ex = fk.MoeExecutor(shape.hidden, TOP_K, max_tokens=T, num_threads=threads, prefetch_bytes=prefetch)
     ex.add_layer(
         0,
         fmt,
@@ -62,6 +62,32 @@ def test_unit_rows_never_change_results(fmt: str, monkeypatch: pytest.MonkeyPatc
         np.testing.assert_array_equal(got, want, err_msg=f"{fmt} with FT_CPU_MOE_UNIT_ROWS={rows}")
 
 
+@pytest.mark.parametrize("fmt", fk.weight_formats())
+def test_stream_chain_never_changes_results(fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # FT_CPU_MOE_CHAIN=1: each worker claims its next unit when it starts one and its weight streams
+    # prefetch on into the next unit's. Only the order of claims and the prefetches change, so the
+    # bits are those of one thread without it (which the formats' tests check against float64
+    # references); small units on 3 threads make most claims early ones. An explicit distance, since
+    # the chain needs a software prefetch (bf16 on AMD has none by default).
+    monkeypatch.delenv("FT_CPU_MOE_UNIT_ROWS", raising=False)
+    monkeypatch.delenv("FT_CPU_MOE_CHAIN", raising=False)
+    want = run_format(fmt, threads=1)
+    assert np.any(want != 0)
+    monkeypatch.setenv("FT_CPU_MOE_CHAIN", "1")
+    for rows in ("0,0", "8,16"):
+        monkeypatch.setenv("FT_CPU_MOE_UNIT_ROWS", rows)
+        for prefetch in (None, 4096):
+            got = run_format(fmt, threads=3, prefetch=prefetch)
+            np.testing.assert_array_equal(got, want, err_msg=f"{fmt}, chained, units {rows}, prefetch {prefetch}")
+
+
+@pytest.mark.parametrize("value", ["2", "on", "yes", "-1"])
+def test_chain_variable_is_checked(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FT_CPU_MOE_CHAIN", value)
+    with pytest.raises(ValueError, match=r"FT_CPU_MOE_CHAIN='.*' must be 0 or 1"):
+        fk.MoeExecutor(64, 2, max_tokens=1)
+
+
 @pytest.mark.parametrize("value", ["abc", "16", "16,", "1,2,3", "-1,4", "4,257", "300,0"])
 def test_unit_rows_variable_is_checked(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FT_CPU_MOE_UNIT_ROWS", value)
@@ -79,11 +105,13 @@ def test_pass1_unit_must_divide_the_prep_block(monkeypatch: pytest.MonkeyPatch) 
         run_format("mxfp4", threads=1)
 
 
-def test_pool_profile_counts_runs_and_units(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("chain", ["0", "1"])
+def test_pool_profile_counts_runs_and_units(chain: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FT_CPU_MOE_UNIT_ROWS", "8,16")
+    monkeypatch.setenv("FT_CPU_MOE_CHAIN", chain)  # claims ahead: every unit still runs once
     rng = np.random.default_rng(0)
     H, I = 64, 32
-    ex = fk.MoeExecutor(H, 2, max_tokens=2, num_threads=2)
+    ex = fk.MoeExecutor(H, 2, max_tokens=2, num_threads=2, prefetch_bytes=1024)
     ex.add_layer(
         0,
         "bf16",

@@ -63,9 +63,24 @@ struct MoeJob final : PoolJob {
   size_t scratch_stride = 0;
 
   int prefetch_near = 0;  // MoeExecutor::prefetch_l1_bytes, for this run's kernels (stream_prefetch.h)
+  bool chain = false;     // chain each worker's weight streams across its units (MoeExecutor::chain_streams)
 
-  void run_unit(uint32_t u, int worker) override {
+  void run_unit(uint32_t u, uint32_t next, bool claimed_ahead, int worker) override {
     t_prefetch_near = prefetch_near;
+    if (chain) {
+      // This unit's weight streams, then the next one's: each stream's prefetch runs on into the next
+      StreamChain& c = t_chain;
+      c.start(claimed_ahead);
+      add_streams(u, c);
+      if (next != kNoUnit) add_streams(next, c);
+    }
+    run_unit_rows(u, worker);
+    t_chain.n = 0;  // warm_head stays: the next unit's head, when it was claimed (start() above)
+  }
+
+  bool claim_ahead() const override { return chain; }
+
+  void run_unit_rows(uint32_t u, int worker) {
     float* s = scratch + worker * scratch_stride;
     if (u < n1) {
       const int g = static_cast<int>(u) / nblk1;
@@ -91,6 +106,33 @@ struct MoeJob final : PoolJob {
       *b = static_cast<int>((u2 - full) / split2);
       *part = static_cast<int>((u2 - full) % split2);
     }
+  }
+
+  // Output rows [*h0, *h1) of part `part` of block b of group g (pass 2).
+  void pass2_rows(int g, int b, int part, int* h0, int* h1) const {
+    const int parts = g == static_cast<int>(group_expert.size()) - 1 ? split2 : 1;
+    const int b0 = b * rows2, b1 = std::min(H, b0 + rows2);  // the block
+    *h0 = std::min(b1, b0 + part * (rows2 / parts));  // this unit's rows of it
+    *h1 = part == parts - 1 ? b1 : std::min(b1, *h0 + rows2 / parts);
+  }
+
+  // Unit u's weight streams (MoeFormat::unit_streams) appended to c.
+  void add_streams(uint32_t u, StreamChain& c) const {
+    int g, r0, r1;
+    const bool p2 = u >= n1;
+    if (!p2) {
+      g = static_cast<int>(u) / nblk1;
+      r0 = (static_cast<int>(u) % nblk1) * rows1;
+      r1 = std::min(I, r0 + rows1);
+    } else {
+      int b, part;
+      pass2_unit(u - n1, &g, &b, &part);
+      pass2_rows(g, b, part, &r0, &r1);
+    }
+    if (r1 <= r0) return;
+    MoeFormat::ByteRange r[MoeFormat::kMaxUnitStreams];
+    const int n = std::min(layer->fmt->unit_streams(p2, group_expert[g], r0, r1, r), MoeFormat::kMaxUnitStreams);
+    for (int i = 0; i < n; ++i) c.add(r[i].begin, r[i].bytes);
   }
 
   // A group's down rows need only that group's intermediate: no barrier across all of pass 1.
@@ -142,10 +184,9 @@ struct MoeJob final : PoolJob {
   void pass2(int g, int b, int part, float* s) {
     const MoeFormat& fmt = *layer->fmt;
     const int G = static_cast<int>(group_expert.size());
-    const int parts = g == G - 1 ? split2 : 1;
     const int b0 = b * rows2, b1 = std::min(H, b0 + rows2);  // the block
-    const int h0 = std::min(b1, b0 + part * (rows2 / parts));  // this unit's rows of it
-    const int h1 = part == parts - 1 ? b1 : std::min(b1, h0 + rows2 / parts);
+    int h0, h1;
+    pass2_rows(g, b, part, &h0, &h1);
     // The group's rows once for all of its routes (in chunks), into their members' rows of `vals`.
     constexpr int kChunk = MoeFormat::kMaxTokensPerCall;
     RouteRef refs[kChunk];
@@ -184,7 +225,7 @@ struct ReadJob final : PoolJob {
   size_t chunk = 0;
   Isa isa = Isa::scalar;
   uint64_t* sinks = nullptr;  // one per worker, 64 bytes apart
-  void run_unit(uint32_t u, int worker) override;
+  void run_unit(uint32_t u, uint32_t next, bool claimed_ahead, int worker) override;
   bool pass2_ready(uint32_t /*u2*/) const override { return true; }  // runs pass 1 only
 };
 
@@ -192,7 +233,7 @@ struct ReadJob final : PoolJob {
 
 uint64_t read_checksum(Isa isa, const uint8_t* p, size_t bytes);  // read_bandwidth.cpp
 
-void ReadJob::run_unit(uint32_t u, int worker) {
+void ReadJob::run_unit(uint32_t u, uint32_t /*next*/, bool /*claimed_ahead*/, int worker) {
   sinks[worker * 8] ^= read_checksum(isa, data + static_cast<size_t>(u) * chunk, chunk);
 }
 
@@ -282,6 +323,18 @@ static void parse_unit_rows(int* rows1, int* rows2) {
   *rows2 = static_cast<int>(b);
 }
 
+// $FT_CPU_MOE_CHAIN: "1" chains each worker's weight streams across its units (stream_prefetch.h's
+// StreamChain; workers claim their next unit when they start one), "0" (or unset) gives every kernel
+// call's stream its own start. Off by default: on the GPU machine's Xeon it shortened the time inside
+// units by 0-8% while the VMs it ran in were too disturbed to show the steps' ratios move
+// (docs/benchmarks.md, eighteenth session).
+static bool parse_chain() {
+  const char* env = std::getenv("FT_CPU_MOE_CHAIN");
+  if (env == nullptr || *env == '\0' || std::string(env) == "0") return false;
+  if (std::string(env) == "1") return true;
+  throw Error(std::string("FT_CPU_MOE_CHAIN='") + env + "' must be 0 or 1 (chain the weight streams of a worker's units)");
+}
+
 // Rows per pass-2 unit (one group's rows of one block): from kMaxBlockRows down to the format's
 // pass2_rows(), halved while the run's G groups would give fewer than 8 units per thread. A decode
 // step of Qwen3-30B-A3B (8 groups, 2048 rows) on 16 threads: 128 units of 128 rows, each one stream
@@ -309,6 +362,7 @@ MoeExecutor::MoeExecutor(int hidden, int top_k, int max_tokens, int num_threads,
   prefetch_l1_ = resolve_prefetch_l1(pool_.num_threads());
   prefetch_l1_explicit_ = env_set("FT_CPU_MOE_PREFETCH_L1");
   parse_unit_rows(&unit_rows1_, &unit_rows2_);
+  chain_streams_ = parse_chain();
   if (hidden <= 0) throw Error("hidden must be > 0, got " + std::to_string(hidden));
   if (top_k <= 0 || top_k > kMaxTopK) {
     throw Error("top_k must be in [1, " + std::to_string(kMaxTopK) + "], got " + std::to_string(top_k));
@@ -484,6 +538,7 @@ void MoeExecutor::run_locked(const ft_moe_task& task) {
   job.on_input = L.params.router_weight_on_input;
   job.rows1 = L.rows1;
   job.prefetch_near = L.prefetch_l1;
+  job.chain = chain_streams_ && L.prefetch[0] > 0;
   job.prep_rows = L.prep_rows;
 
   const uint16_t* x = static_cast<const uint16_t*>(task.x);

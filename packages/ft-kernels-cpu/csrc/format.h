@@ -127,6 +127,19 @@ class MoeFormat {
   // whole prep_rows() block (the last one may be short).
   virtual void prep_inter(const float* /*h*/, int /*i0*/, int /*i1*/, void* /*prepped*/) const {}
 
+  // The weight streams of a unit, in the order its kernels read them, each exactly as a kernel call
+  // prefetches it (the call's rows, from its first byte to the end of its last row): pass 1 (pass2
+  // false) rows [r0, r1) of expert e's gate and up, pass 2 its down rows [r0, r1). The executor
+  // chains them across the units a worker runs (stream_prefetch.h's StreamChain), so that each
+  // stream's prefetch goes on into the next one. Returns how many (<= kMaxUnitStreams); a format
+  // that lists none, or a stream its kernels read otherwise, only loses the chaining.
+  static constexpr int kMaxUnitStreams = 4;
+  struct ByteRange {
+    const void* begin;
+    size_t bytes;
+  };
+  virtual int unit_streams(bool /*pass2*/, int /*e*/, int /*r0*/, int /*r1*/, ByteRange* /*out*/) const { return 0; }
+
   // Pass 2, for output rows [h0, h1), n <= kMaxTokensPerCall routes of one expert `e`
   // (routes[j].expert == e), each weight row read once for all of them, without the router weight:
   //   out[j * stride + r - h0] = W_down[e, r] . h_j + down_bias[e, r]

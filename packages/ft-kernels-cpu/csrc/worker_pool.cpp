@@ -172,19 +172,36 @@ void WorkerPool::reset_profile() {
 void WorkerPool::work(uint32_t gen, int worker) {
   WorkerTicks& tk = ticks_[worker];
   std::atomic<uint64_t>& done = done_[worker].units;
+  const uint32_t ahead_margin = static_cast<uint32_t>(num_threads_);
   bool first = true;
-  uint64_t cur = next_.load(std::memory_order_acquire);
-  for (;;) {
-    if (static_cast<uint32_t>(cur >> 32) != gen) return;
-    const uint32_t unit = static_cast<uint32_t>(cur);
-    const uint32_t n1 = n1_.load(std::memory_order_relaxed);
-    const uint32_t total = n1 + n2_.load(std::memory_order_relaxed);
-    if (unit >= total) return;
-    if (!next_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
-      continue;  // `cur` was reloaded
+  // Claims the next unit of generation `gen` into *unit; false once there is none. With `ahead`, only
+  // while more than ahead_margin units of its pass would be left unclaimed after it.
+  auto claim = [&](uint32_t* unit, bool ahead) {
+    uint64_t cur = next_.load(std::memory_order_acquire);
+    for (;;) {
+      if (static_cast<uint32_t>(cur >> 32) != gen) return false;
+      const uint32_t u = static_cast<uint32_t>(cur);
+      const uint32_t n1 = n1_.load(std::memory_order_relaxed);
+      const uint32_t total = n1 + n2_.load(std::memory_order_relaxed);
+      if (u >= total) return false;
+      if (ahead && (u < n1 ? n1 - u : total - u) <= ahead_margin) return false;
+      if (next_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
+        *unit = u;
+        return true;
+      }
     }
-    // The claim succeeded, so job `gen` is still running and its fields are stable.
+  };
+  uint32_t unit = 0;
+  if (!claim(&unit, false)) return;
+  // The claim succeeded, so job `gen` is still running and its fields are stable.
+  const bool ahead_ok = job_.load(std::memory_order_relaxed)->claim_ahead();
+  bool claimed_ahead = false;
+  for (;;) {
+    // A claim succeeded, so job `gen` is still running and its fields are stable.
     PoolJob* job = job_.load(std::memory_order_relaxed);
+    const uint32_t n1 = n1_.load(std::memory_order_relaxed);
+    uint32_t next = PoolJob::kNoUnit;
+    const bool have_next = ahead_ok && claim(&next, true);
     const uint64_t t0 = ticks();
     if (first) {  // the claim succeeded, so run_start_ is this run's (published with the job)
       first = false;
@@ -192,7 +209,7 @@ void WorkerPool::work(uint32_t gen, int worker) {
       tk.join += t0 > start ? t0 - start : 0;
     }
     if (unit < n1) {
-      job->run_unit(unit, worker);
+      job->run_unit(unit, next, claimed_ahead, worker);
       tk.last_end = ticks();
       tk.busy[0] += tk.last_end - t0;
       ++tk.units[0];
@@ -200,14 +217,20 @@ void WorkerPool::work(uint32_t gen, int worker) {
       while (!job->pass2_ready(unit - n1)) cpu_relax();
       const uint64_t t1 = ticks();
       tk.barrier += t1 - t0;
-      job->run_unit(unit, worker);
+      job->run_unit(unit, next, claimed_ahead, worker);
       tk.last_end = ticks();
       tk.busy[1] += tk.last_end - t1;
       ++tk.units[1];
     }
     // Only this worker writes its count: a plain increment, released for run()'s caller.
     done.store(done.load(std::memory_order_relaxed) + 1, std::memory_order_release);
-    cur = next_.load(std::memory_order_acquire);
+    if (have_next) {
+      unit = next;
+      claimed_ahead = true;
+    } else {
+      if (!claim(&unit, false)) return;
+      claimed_ahead = false;
+    }
   }
 }
 

@@ -1,6 +1,11 @@
 // A fixed pool of worker threads, one pinned per physical core, that runs a two-phase job:
 // units [0, n1) (pass 1), then units [n1, n1 + n2) (pass 2). Units are claimed in order; a pass-2
 // unit starts once the job says its inputs are ready (the job tracks what its units depend on).
+// For a job that asks (PoolJob::claim_ahead), a worker claims its next unit when it starts one, so the
+// job can prefetch the next one's data meanwhile, as long as more than num_threads units of that
+// unit's pass are left unclaimed after it: the last num_threads units of pass 1 and of the run are
+// claimed as workers come free (a pass-1 unit held back delays the pass-2 units that wait for it, a
+// last unit held back lengthens the run's tail).
 //
 // The calling thread is worker 0 and takes units like the others, so a pool of N threads starts
 // N - 1 background threads. Idle workers spin briefly on the job generation, then sleep.
@@ -19,8 +24,13 @@ namespace ft {
 class PoolJob {
  public:
   virtual ~PoolJob() = default;
-  // Runs one unit; `worker` is in [0, num_threads) and selects per-worker scratch.
-  virtual void run_unit(uint32_t unit, int worker) = 0;
+  static constexpr uint32_t kNoUnit = 0xffffffffu;
+  // Runs one unit; `worker` is in [0, num_threads) and selects per-worker scratch. `next` is the unit
+  // this worker runs after it, when the pool already claimed it (else kNoUnit): the job may prefetch
+  // its data while this one runs. `claimed_ahead`: this unit was the `next` of the worker's last one.
+  virtual void run_unit(uint32_t unit, uint32_t next, bool claimed_ahead, int worker) = 0;
+  // Whether workers claim their next unit when they start one (see WorkerPool); read once per run.
+  virtual bool claim_ahead() const { return false; }
   // Whether pass-2 unit `u2` (counted from the first pass-2 unit) may start. Polled while it returns
   // false, so it must become true once the pass-1 units it depends on are done: units are claimed in
   // order, so those are already running. The pool keeps no shared count of finished units (one

@@ -154,6 +154,18 @@ class GgmlMoeFormat final : public MoeFormat {
     if (!down_q8_) return 16;
     return avx2_q8_ && down_.type->q8_avx2_pairs ? 64 : std::max(32, down_.type->q8_group);
   }
+  int unit_streams(bool pass2, int e, int r0, int r1, ByteRange* out) const override {
+    auto rows = [&](const Matrix& m) {
+      return ByteRange{m.data + e * m.expert_stride + r0 * m.row_bytes, (r1 - r0) * m.row_bytes};
+    };
+    if (pass2) {
+      out[0] = rows(down_);
+      return 1;
+    }
+    out[0] = rows(gate_);
+    out[1] = rows(up_);
+    return 2;
+  }
   int pass2_rows() const override { return kPass2Rows; }
   void prep_input(const TaskInput& in) override;
   size_t inter_prep_bytes() const override { return down_q8_ ? xq_bytes(*down_.type, p_.intermediate) : 0; }

@@ -102,6 +102,17 @@ class Mxfp4Format final : public MoeFormat {
     }
   }
 
+  // Gate and up rows of [r0, r1) interleaved: one stream of 2 (r1 - r0) rows.
+  int unit_streams(bool pass2, int e, int r0, int r1, ByteRange* out) const override {
+    const size_t H = p_.hidden, I = p_.intermediate, rows = r1 - r0;
+    if (pass2) {
+      out[0] = {w2_ + (static_cast<size_t>(e) * H + r0) * (I / 2), rows * (I / 2)};
+    } else {
+      out[0] = {w13_ + (static_cast<size_t>(e) * 2 * I + 2 * static_cast<size_t>(r0)) * (H / 2), 2 * rows * (H / 2)};
+    }
+    return 1;
+  }
+
   size_t inter_prep_bytes() const override { return vec_bytes(p_.intermediate); }
 
   void prep_inter(const float* h, int i0, int i1, void* prepped) const override {

@@ -17,6 +17,15 @@
 // (FT_CPU_MOE_PREFETCH_L1, MoeFormat::two_level_prefetch_any_pool, MoeExecutor's
 // layer_prefetch_l1_bytes; docs/benchmarks.md, tenth session).
 //
+// Chains (StreamChain, set by the executor for the units a worker runs when FT_CPU_MOE_CHAIN=1; off by
+// default until it is measured on a quiet machine): a worker's weight streams,
+// unit after unit, are one stream to the memory system. A stream that is an entry of the chain, whole
+// (its begin and end), goes on requesting lines past its end into the next entry at the same distance,
+// and that entry skips the burst of its first `dist` bytes, which its predecessor requested. Without
+// it each stream starts from DRAM's latency and its last `dist` bytes drain the core's requests; on
+// the GPU machine's Xeon a probe of 16 threads reading 32-128 KiB units with ~16 cycles of compute per
+// line went from 0.81-0.91 to 0.87-0.96 of the read bandwidth (tools/stream_probe.cpp, `t0-cont`).
+//
 // Two ways to walk a stream:
 //   StreamPrefetch        stateless, passed by const reference into the kernels: ahead(p) once per
 //                         64-byte line read at p (bf16, fp8_block, nvfp4, mxfp4, ds_fp4).
@@ -59,21 +68,73 @@ inline size_t rows_stream_bytes(size_t ld, int nrows, size_t row_bytes) {
   return nrows > 0 ? static_cast<size_t>(nrows - 1) * ld + row_bytes : 0;
 }
 
+// The weight streams of the unit a worker runs, then those of the unit it runs next, in the order its
+// kernels read them (MoeFormat::unit_streams; empty outside the executor's units).
+struct StreamChain {
+  static constexpr int kMax = 16;
+  int n = 0;
+  const char* begin[kMax];
+  const char* end[kMax];
+  // The head of the entry that the stream running now will prefetch into: the first stream
+  // constructed with this begin skips its burst.
+  const char* warm_head = nullptr;
+  // A unit's chain: its streams and its successor's. warm_head stays when the unit was claimed
+  // during the previous one (whose last stream requested this unit's head), else it is reset.
+  void start(bool head_requested) {
+    n = 0;
+    if (!head_requested) warm_head = nullptr;
+  }
+  void add(const void* p, size_t bytes) {
+    if (n < kMax && bytes) {
+      begin[n] = static_cast<const char*>(p);
+      end[n] = begin[n] + bytes;
+      ++n;
+    }
+  }
+};
+inline thread_local StreamChain t_chain;
+
+// Links the stream [b, e) into this thread's chain: its successor (*sb, *se; null when none) and
+// whether its predecessor is requesting its head (then it skips the burst of its first bytes).
+inline bool chain_link(const char* b, const char* e, const char** sb, const char** se) {
+  StreamChain& c = t_chain;
+  const bool warm = c.warm_head != nullptr && c.warm_head == b;
+  *sb = *se = nullptr;
+  if (warm) c.warm_head = nullptr;
+  for (int i = 0; i + 1 < c.n; ++i) {
+    if (c.begin[i] == b && c.end[i] == e) {
+      *sb = c.begin[i + 1];
+      *se = c.end[i + 1];
+      c.warm_head = *sb;
+      break;
+    }
+  }
+  return warm;
+}
+
+// Bytes at the end of a warm head's first `dist` that a predecessor may not have reached (its last
+// request lies up to a read block short of its end): requested again by the successor.
+constexpr size_t kWarmSlack = 512;
+
 template <PrefetchHint Hint = PrefetchHint::L1>
 struct StreamPrefetch {
   const char* end = nullptr;  // one past the last byte of the stream
   int dist = 0;               // bytes ahead; 0 disables
   int near = 0;               // two-level: the L1 prefetch's distance (0: one level)
+  const char* succ = nullptr;      // the next stream of this thread's chain (t_chain), or null
+  const char* succ_end = nullptr;
 
   StreamPrefetch() = default;
-  // The stream [begin, begin + bytes); its first `dist` bytes are requested here.
+  // The stream [begin, begin + bytes); its first `dist` bytes are requested here, unless its
+  // predecessor in the chain requests them.
   StreamPrefetch(const void* begin, size_t bytes, int d)
       : end(static_cast<const char*>(begin) + bytes),
         dist(d),
         near(near_distance(d)) {
     if (!dist) return;
     const char* q = static_cast<const char*>(begin);
-    for (const char* e = std::min(end, q + dist); q < e; q += 64) far_line<Hint>(q);
+    if (chain_link(q, end, &succ, &succ_end)) q += dist > static_cast<int>(kWarmSlack) ? dist - kWarmSlack : 0;
+    for (const char* e = std::min(end, static_cast<const char*>(begin) + dist); q < e; q += 64) far_line<Hint>(q);
   }
   // Called once per 64-byte line read at `p`: requests the line `dist` bytes ahead, within the stream
   // (and, two-level, the line `near` ahead into L1). H: the cache of the far line, the stream's own by
@@ -87,7 +148,12 @@ struct StreamPrefetch {
   template <PrefetchHint H = Hint>
   void ahead_by(const void* p, size_t lead) const {
     const char* q = static_cast<const char*>(p) + lead;
-    if (q < end) far_line<H>(q);
+    if (q < end) {
+      far_line<H>(q);
+    } else if (succ) {  // past the end: the chain's next stream, as far ahead
+      const char* s = succ + (q - end);
+      if (s < succ_end) far_line<H>(s);
+    }
     if (near) {
       const char* n = static_cast<const char*>(p) + near;
       if (n < end) prefetch_line<PrefetchHint::L1>(n);
@@ -117,19 +183,37 @@ struct StreamPrefetchCursor {
   const char* end;        // one past the last byte of the stream
   int dist;               // bytes ahead; 0 disables (callers skip advance())
   int near;               // two-level: the L1 prefetch's distance (0: one level, into L1)
+  const char* succ_next = nullptr;  // the chain's next stream (t_chain): first line not requested yet
+  const char* succ = nullptr;
+  const char* succ_end = nullptr;
 
   // The stream [begin, begin + bytes); nothing is requested before the first advance(), which asks
-  // for the stream's first `dist` bytes (and more) at once.
+  // for the stream's first `dist` bytes (and more) at once, unless its predecessor in the chain
+  // requested them.
   StreamPrefetchCursor(const void* begin, size_t bytes, int d)
       : next(static_cast<const char*>(begin)),
         next_near(next),
         end(static_cast<const char*>(begin) + bytes),
         dist(d),
-        near(near_distance(d)) {}
+        near(near_distance(d)) {
+    if (!dist) return;
+    if (chain_link(next, end, &succ, &succ_end)) {
+      next = std::min(end, next + (dist > static_cast<int>(kWarmSlack) ? dist - kWarmSlack : 0));
+    }
+    succ_next = succ;
+  }
   // Reading at `p`: requests every line not requested yet up to p + dist (two-level: into L2, and
-  // those up to p + near into L1), within the stream.
+  // those up to p + near into L1), within the stream, and past its end within the chain's next one.
   void advance(const void* p) {
     const char* at = static_cast<const char*>(p);
+    if (succ && at + dist > end) {
+      const char* sl = std::min(succ_end, succ + (at + dist - end));
+      if (near) {
+        for (; succ_next < sl; succ_next += 64) prefetch_line<PrefetchHint::L2>(succ_next);
+      } else {
+        for (; succ_next < sl; succ_next += 64) prefetch_line(succ_next);
+      }
+    }
     const char* lim = std::min(end, at + dist);
     if (!near) {
       for (; next < lim; next += 64) prefetch_line(next);
