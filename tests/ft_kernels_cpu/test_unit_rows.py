@@ -78,7 +78,8 @@ def test_stream_chain_never_changes_results(fmt: str, monkeypatch: pytest.Monkey
         monkeypatch.setenv("FT_CPU_MOE_UNIT_ROWS", rows)
         for prefetch in (None, 4096):
             got = run_format(fmt, threads=3, prefetch=prefetch)
-            np.testing.assert_array_equal(got, want, err_msg=f"{fmt}, chained, units {rows}, prefetch {prefetch}")
+            msg = f"{fmt}, chained, units {rows}, prefetch {prefetch}"
+            np.testing.assert_array_equal(got, want, err_msg=msg)
 
 
 @pytest.mark.parametrize("value", ["2", "on", "yes", "-1"])
