@@ -139,6 +139,19 @@ class MoeFormat {
     size_t bytes;
   };
   virtual int unit_streams(bool /*pass2*/, int /*e*/, int /*r0*/, int /*r1*/, ByteRange* /*out*/) const { return 0; }
+  // unit_streams of banks w13 [E, 2I, row13 bytes] (gate rows, then up rows) and w2 [E, H, row2 bytes].
+  static int gate_up_down_streams(bool pass2, const void* w13, size_t row13, const void* w2, size_t row2, int I,
+                                  int H, int e, int r0, int r1, ByteRange* out) {
+    const size_t rows = static_cast<size_t>(r1 - r0);
+    if (pass2) {
+      out[0] = {static_cast<const char*>(w2) + (static_cast<size_t>(e) * H + r0) * row2, rows * row2};
+      return 1;
+    }
+    const size_t g = static_cast<size_t>(e) * 2 * I + r0;
+    out[0] = {static_cast<const char*>(w13) + g * row13, rows * row13};
+    out[1] = {static_cast<const char*>(w13) + (g + I) * row13, rows * row13};
+    return 2;
+  }
 
   // Pass 2, for output rows [h0, h1), n <= kMaxTokensPerCall routes of one expert `e`
   // (routes[j].expert == e), each weight row read once for all of them, without the router weight:

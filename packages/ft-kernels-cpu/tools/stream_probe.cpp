@@ -45,10 +45,27 @@ const char* mode_name(Mode m) {
   return "?";
 }
 
-template <int W, Mode M>
-__attribute__((noinline)) float stream_unit(const char* p, size_t n, int dist, const char* end) {
+// The compute on each line: one add, then W FMAs in 4 chains.
+template <int W>
+struct Lines {
   __m512 a0 = _mm512_set1_ps(1.f), a1 = a0, a2 = a0, a3 = a0;
   const __m512 c = _mm512_set1_ps(0.999f);
+  void line(const char* q) {
+    const __m512 v = _mm512_castsi512_ps(_mm512_load_si512(q));
+    a0 = _mm512_add_ps(a0, v);
+    for (int w = 0; w < W; w += 4) {
+      a0 = _mm512_fmadd_ps(a0, c, v);
+      a1 = _mm512_fmadd_ps(a1, c, v);
+      a2 = _mm512_fmadd_ps(a2, c, v);
+      a3 = _mm512_fmadd_ps(a3, c, v);
+    }
+  }
+  float sum() const { return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))); }
+};
+
+template <int W, Mode M>
+__attribute__((noinline)) float stream_unit(const char* p, size_t n, int dist, const char* end) {
+  Lines<W> acc;
   if (M != kNone) {  // the first `dist` bytes of the unit at once
     for (const char* q = p; q < std::min(p + dist, end); q += (M == kPage ? 4096 : 64)) {
       _mm_prefetch(q, M == kT1 ? _MM_HINT_T1 : _MM_HINT_T0);
@@ -59,16 +76,9 @@ __attribute__((noinline)) float stream_unit(const char* p, size_t n, int dist, c
     if (M == kT0 && q < end) _mm_prefetch(q, _MM_HINT_T0);
     if (M == kT1 && q < end) _mm_prefetch(q, _MM_HINT_T1);
     if (M == kPage && q < end && ((reinterpret_cast<uintptr_t>(q) & 4095) == 0)) _mm_prefetch(q, _MM_HINT_T0);
-    __m512 v = _mm512_castsi512_ps(_mm512_load_si512(p + o));
-    a0 = _mm512_add_ps(a0, v);
-    for (int w = 0; w < W; w += 4) {
-      a0 = _mm512_fmadd_ps(a0, c, v);
-      a1 = _mm512_fmadd_ps(a1, c, v);
-      a2 = _mm512_fmadd_ps(a2, c, v);
-      a3 = _mm512_fmadd_ps(a3, c, v);
-    }
+    acc.line(p + o);
   }
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  return acc.sum();
 }
 
 using Fn = float (*)(const char*, size_t, int, const char*);
@@ -82,34 +92,23 @@ const char* unit_ptr(Shared* s, uint64_t u);
 // there on. Returns the next unit claimed (>= units: none).
 template <int W>
 __attribute__((noinline)) float stream_cont(Shared* s, const char* p, size_t n, int dist, bool cold, uint64_t* next) {
-  __m512 a0 = _mm512_set1_ps(1.f), a1 = a0, a2 = a0, a3 = a0;
-  const __m512 c = _mm512_set1_ps(0.999f);
+  Lines<W> acc;
   if (cold) {
     for (const char* q = p; q < p + std::min<size_t>(dist, n); q += 64) _mm_prefetch(q, _MM_HINT_T0);
   }
-  auto line = [&](size_t o) {
-    __m512 v = _mm512_castsi512_ps(_mm512_load_si512(p + o));
-    a0 = _mm512_add_ps(a0, v);
-    for (int w = 0; w < W; w += 4) {
-      a0 = _mm512_fmadd_ps(a0, c, v);
-      a1 = _mm512_fmadd_ps(a1, c, v);
-      a2 = _mm512_fmadd_ps(a2, c, v);
-      a3 = _mm512_fmadd_ps(a3, c, v);
-    }
-  };
   const size_t split = n > static_cast<size_t>(dist) ? n - dist : 0;
   size_t o = 0;
   for (; o < split; o += 64) {
     _mm_prefetch(p + o + dist, _MM_HINT_T0);
-    line(o);
+    acc.line(p + o);
   }
   *next = claim(s);
   const char* q = unit_ptr(s, *next);
   for (; o < n; o += 64) {
     if (q) _mm_prefetch(q + (o - split), _MM_HINT_T0);
-    line(o);
+    acc.line(p + o);
   }
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  return acc.sum();
 }
 using ContFn = float (*)(Shared*, const char*, size_t, int, bool, uint64_t*);
 

@@ -378,16 +378,11 @@ class Bf16Format final : public MoeFormat {
   }
 
   int unit_streams(bool pass2, int e, int r0, int r1, ByteRange* out) const override {
-    const size_t H = p_.hidden, I = p_.intermediate, rows = r1 - r0;
-    if (pass2) {
-      out[0] = {w2_ + (static_cast<size_t>(e) * H + r0) * I, rows * I * sizeof(uint16_t)};
-      return 1;
-    }
-    const uint16_t* base = w13_ + static_cast<size_t>(e) * 2 * I * H;
-    out[0] = {base + r0 * H, rows * H * sizeof(uint16_t)};
-    out[1] = {base + (I + r0) * H, rows * H * sizeof(uint16_t)};
-    return 2;
+    const size_t H = p_.hidden, I = p_.intermediate;
+    return gate_up_down_streams(pass2, w13_, H * sizeof(uint16_t), w2_, I * sizeof(uint16_t), p_.intermediate,
+                                p_.hidden, e, r0, r1, out);
   }
+
 
   size_t inter_prep_bytes() const override { return use_bf16_dot() ? p_.intermediate * sizeof(uint16_t) : 0; }
 

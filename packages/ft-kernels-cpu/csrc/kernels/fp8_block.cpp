@@ -718,16 +718,10 @@ class Fp8BlockFormat final : public MoeFormat {
   // prep_inter writes each element to its own slot (padding slots are never read: the kernels mask
   // them), so any unit size works.
   int unit_streams(bool pass2, int e, int r0, int r1, ByteRange* out) const override {
-    const size_t H = p_.hidden, I = p_.intermediate, rows = r1 - r0;
-    if (pass2) {
-      out[0] = {w2_ + (static_cast<size_t>(e) * H + r0) * I, rows * I};
-      return 1;
-    }
-    const uint8_t* base = w13_ + static_cast<size_t>(e) * 2 * I * H;
-    out[0] = {base + r0 * H, rows * H};
-    out[1] = {base + (I + r0) * H, rows * H};
-    return 2;
+    return gate_up_down_streams(pass2, w13_, p_.hidden, w2_, p_.intermediate, p_.intermediate, p_.hidden, e, r0, r1,
+                                out);
   }
+
   int pass1_rows() const override { return 32; }
   int pass2_rows() const override { return kPass2Rows; }
 

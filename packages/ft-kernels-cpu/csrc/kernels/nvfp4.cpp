@@ -593,16 +593,10 @@ class Nvfp4Format final : public MoeFormat {
   }
 
   int unit_streams(bool pass2, int e, int r0, int r1, ByteRange* out) const override {
-    const size_t H = p_.hidden, I = p_.intermediate, rows = r1 - r0;
-    if (pass2) {
-      out[0] = {w2_ + (static_cast<size_t>(e) * H + r0) * (I / 2), rows * (I / 2)};
-      return 1;
-    }
-    const size_t row_g = static_cast<size_t>(e) * 2 * I + r0;
-    out[0] = {w13_ + row_g * (H / 2), rows * (H / 2)};
-    out[1] = {w13_ + (row_g + I) * (H / 2), rows * (H / 2)};
-    return 2;
+    return gate_up_down_streams(pass2, w13_, p_.hidden / 2, w2_, p_.intermediate / 2, p_.intermediate, p_.hidden, e,
+                                r0, r1, out);
   }
+
 
   size_t inter_prep_bytes() const override {
     if (avx2_int8(p_.isa, p_.intermediate)) return q8nv_bytes(p_.intermediate);
