@@ -326,7 +326,7 @@ static void parse_unit_rows(int* rows1, int* rows2) {
 // $FT_CPU_MOE_CHAIN: "1" chains each worker's weight streams across its units (stream_prefetch.h's
 // StreamChain; workers claim their next unit when they start one), "0" (or unset) gives every kernel
 // call's stream its own start. Off by default: on the GPU machine's Xeon it shortened the time inside
-// units by 0-8% while the VMs it ran in were too disturbed to show the steps' ratios move
+// units by 0-13% while the VMs it ran in were too disturbed to show the steps' ratios move
 // (docs/benchmarks.md, eighteenth session).
 static bool parse_chain() {
   const char* env = std::getenv("FT_CPU_MOE_CHAIN");
