@@ -98,7 +98,8 @@ inline thread_local StreamChain t_chain;
 // whether its predecessor is requesting its head (then it skips the burst of its first bytes).
 inline bool chain_link(const char* b, const char* e, const char** sb, const char** se) {
   StreamChain& c = t_chain;
-  const bool warm = c.warm_head != nullptr && c.warm_head == b;
+  // Only inside a chained unit (n > 0): a head left from another job's units never skips a burst.
+  const bool warm = c.n > 0 && c.warm_head != nullptr && c.warm_head == b;
   *sb = *se = nullptr;
   if (warm) c.warm_head = nullptr;
   for (int i = 0; i + 1 < c.n; ++i) {
