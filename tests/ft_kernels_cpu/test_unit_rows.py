@@ -26,7 +26,7 @@ def shape_for(fmt: str) -> MoeShape:
     return MoeShape(512, inter, E, TOP_K, 1, "swigluoai" if fmt == "mxfp4" else "silu")
 
 
-def run_format(fmt: str, threads: int, prefetch: int | None = None) -> np.ndarray:
+def run_format(fmt: str, threads: int, prefetch: int | None = None, profile: dict | None = None) -> np.ndarray:
     shape = shape_for(fmt)
     mod = bench_formats.load(fmt)
     rng = np.random.default_rng(7)
@@ -48,7 +48,11 @@ def run_format(fmt: str, threads: int, prefetch: int | None = None) -> np.ndarra
         [[0, 1, 2, 3], [1, 0, -1, 5], [4, 4, 2, 1], [-1, -1, -1, -1], [5, 3, 0, 2]], dtype=np.int32
     )
     w = rng.random((T, TOP_K), dtype=np.float32)
-    return ex.run(0, x, ids, w).view(np.uint16)
+    ex.reset_pool_profile()
+    y = ex.run(0, x, ids, w).view(np.uint16)
+    if profile is not None:
+        profile.update(ex.pool_profile())
+    return y
 
 
 @pytest.mark.parametrize("fmt", fk.weight_formats())
@@ -77,9 +81,22 @@ def test_stream_chain_never_changes_results(fmt: str, monkeypatch: pytest.Monkey
     for rows in ("0,0", "8,16"):
         monkeypatch.setenv("FT_CPU_MOE_UNIT_ROWS", rows)
         for prefetch in (None, 4096):
-            got = run_format(fmt, threads=3, prefetch=prefetch)
+            prof: dict = {}
+            got = run_format(fmt, threads=3, prefetch=prefetch, profile=prof)
             msg = f"{fmt}, chained, units {rows}, prefetch {prefetch}"
             np.testing.assert_array_equal(got, want, err_msg=msg)
+            if prefetch:
+                # The format's unit_streams match its kernels' streams: nearly every unit links its
+                # streams on (all but each worker's last, and those claimed as workers come free).
+                units = prof["units1"] + prof["units2"]
+                assert prof["chain_links"] >= units // 2, (msg, prof["chain_links"], units)
+
+
+def test_no_chain_links_without_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FT_CPU_MOE_CHAIN", raising=False)
+    prof: dict = {}
+    run_format("q4_0", threads=3, prefetch=4096, profile=prof)
+    assert prof["chain_links"] == 0 and prof["units1"] > 0
 
 
 @pytest.mark.parametrize("value", ["2", "on", "yes", "-1"])

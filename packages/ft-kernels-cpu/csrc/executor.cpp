@@ -64,6 +64,10 @@ struct MoeJob final : PoolJob {
 
   int prefetch_near = 0;  // MoeExecutor::prefetch_l1_bytes, for this run's kernels (stream_prefetch.h)
   bool chain = false;     // chain each worker's weight streams across its units (MoeExecutor::chain_streams)
+  struct alignas(64) Links {
+    uint64_t v = 0;
+  };
+  std::unique_ptr<Links[]> links;  // per worker: streams chained to a successor (PoolProfile::chain_links)
 
   void run_unit(uint32_t u, uint32_t next, bool claimed_ahead, int worker) override {
     t_prefetch_near = prefetch_near;
@@ -75,7 +79,12 @@ struct MoeJob final : PoolJob {
       if (next != kNoUnit) add_streams(next, c);
     }
     run_unit_rows(u, worker);
-    t_chain.n = 0;  // warm_head stays: the next unit's head, when it was claimed (start() above)
+    if (chain) {
+      StreamChain& c = t_chain;
+      c.n = 0;  // warm_head stays: the next unit's head, when it was claimed (start() above)
+      links[worker].v += c.linked;
+      c.linked = 0;
+    }
   }
 
   bool claim_ahead() const override { return chain; }
@@ -363,6 +372,7 @@ MoeExecutor::MoeExecutor(int hidden, int top_k, int max_tokens, int num_threads,
   prefetch_l1_explicit_ = env_set("FT_CPU_MOE_PREFETCH_L1");
   parse_unit_rows(&unit_rows1_, &unit_rows2_);
   chain_streams_ = parse_chain();
+  job_->links = std::make_unique<MoeJob::Links[]>(pool_.num_threads());
   if (hidden <= 0) throw Error("hidden must be > 0, got " + std::to_string(hidden));
   if (top_k <= 0 || top_k > kMaxTopK) {
     throw Error("top_k must be in [1, " + std::to_string(kMaxTopK) + "], got " + std::to_string(top_k));
@@ -626,12 +636,15 @@ void MoeExecutor::run_locked(const ft_moe_task& task) {
 
 PoolProfile MoeExecutor::pool_profile() {
   std::lock_guard<std::mutex> lock(run_mutex_);
-  return pool_.profile();
+  PoolProfile p = pool_.profile();
+  for (int w = 0; w < pool_.num_threads(); ++w) p.chain_links += job_->links[w].v;
+  return p;
 }
 
 void MoeExecutor::reset_pool_profile() {
   std::lock_guard<std::mutex> lock(run_mutex_);
   pool_.reset_profile();
+  for (int w = 0; w < pool_.num_threads(); ++w) job_->links[w].v = 0;
 }
 
 double MoeExecutor::read_bandwidth_gbs(size_t bytes, int passes) {

@@ -136,6 +136,7 @@ PYBIND11_MODULE(_ft_kernels_cpu, m) {
             d["tail_s"] = p.tail * s;
             d["units1"] = p.units[0];
             d["units2"] = p.units[1];
+            d["chain_links"] = p.chain_links;
             return d;
           })
       .def("reset_pool_profile", &MoeExecutor::reset_pool_profile)

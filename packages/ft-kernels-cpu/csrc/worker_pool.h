@@ -54,6 +54,7 @@ struct PoolProfile {
   uint64_t tail = 0;              // from a worker's last unit to the end of the run
   uint64_t units[2] = {0, 0};
   double ticks_per_second = 0.0;  // measured once per process
+  uint64_t chain_links = 0;       // the executor's: weight streams chained to a successor (StreamChain)
 };
 
 class WorkerPool {

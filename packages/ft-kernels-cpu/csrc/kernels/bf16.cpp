@@ -378,11 +378,9 @@ class Bf16Format final : public MoeFormat {
   }
 
   int unit_streams(bool pass2, int e, int r0, int r1, ByteRange* out) const override {
-    const size_t H = p_.hidden, I = p_.intermediate;
-    return gate_up_down_streams(pass2, w13_, H * sizeof(uint16_t), w2_, I * sizeof(uint16_t), p_.intermediate,
-                                p_.hidden, e, r0, r1, out);
+    return gate_up_down_streams(pass2, w13_, p_.hidden * sizeof(uint16_t), w2_, p_.intermediate * sizeof(uint16_t),
+                                p_.intermediate, p_.hidden, e, r0, r1, out);
   }
-
 
   size_t inter_prep_bytes() const override { return use_bf16_dot() ? p_.intermediate * sizeof(uint16_t) : 0; }
 

@@ -104,7 +104,6 @@ class DsFp4Format final : public MoeFormat {
                                 r0, r1, out);
   }
 
-
   size_t inter_prep_bytes() const override { return vec_bytes(h_, p_.intermediate); }
 
   void prep_inter(const float* h, int i0, int i1, void* prepped) const override {

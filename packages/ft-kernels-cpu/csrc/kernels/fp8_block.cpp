@@ -715,13 +715,13 @@ class Fp8BlockFormat final : public MoeFormat {
     b2_ = static_cast<const float*>(args.optional_bank("w2_bias", {E, H}, DType::f32));
   }
 
-  // prep_inter writes each element to its own slot (padding slots are never read: the kernels mask
-  // them), so any unit size works.
   int unit_streams(bool pass2, int e, int r0, int r1, ByteRange* out) const override {
     return gate_up_down_streams(pass2, w13_, p_.hidden, w2_, p_.intermediate, p_.intermediate, p_.hidden, e, r0, r1,
                                 out);
   }
 
+  // prep_inter writes each element to its own slot (padding slots are never read: the kernels mask
+  // them), so any unit size works.
   int pass1_rows() const override { return 32; }
   int pass2_rows() const override { return kPass2Rows; }
 

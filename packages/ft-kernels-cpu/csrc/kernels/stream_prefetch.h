@@ -36,6 +36,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 
 #include "common.h"
 
@@ -78,6 +79,7 @@ struct StreamChain {
   // The head of the entry that the stream running now will prefetch into: the first stream
   // constructed with this begin skips its burst.
   const char* warm_head = nullptr;
+  uint64_t linked = 0;  // streams linked to a successor since the executor last collected them
   // A unit's chain: its streams and its successor's. warm_head stays when the unit was claimed
   // during the previous one (whose last stream requested this unit's head), else it is reset.
   void start(bool head_requested) {
@@ -107,6 +109,7 @@ inline bool chain_link(const char* b, const char* e, const char** sb, const char
       *sb = c.begin[i + 1];
       *se = c.end[i + 1];
       c.warm_head = *sb;
+      ++c.linked;
       break;
     }
   }
