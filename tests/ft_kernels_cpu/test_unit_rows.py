@@ -26,7 +26,9 @@ def shape_for(fmt: str) -> MoeShape:
     return MoeShape(512, inter, E, TOP_K, 1, "swigluoai" if fmt == "mxfp4" else "silu")
 
 
-def run_format(fmt: str, threads: int, prefetch: int | None = None, profile: dict | None = None) -> np.ndarray:
+def run_format(
+    fmt: str, threads: int, prefetch: int | None = None, profile: dict | None = None
+) -> np.ndarray:
     shape = shape_for(fmt)
     mod = bench_formats.load(fmt)
     rng = np.random.default_rng(7)
