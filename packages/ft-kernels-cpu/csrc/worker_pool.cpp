@@ -121,13 +121,13 @@ void WorkerPool::run(uint32_t n1, uint32_t n2, PoolJob* job) {
   job_.store(job, std::memory_order_relaxed);
   n1_.store(n1, std::memory_order_relaxed);
   n2_.store(n2, std::memory_order_relaxed);
-  next_.store(static_cast<uint64_t>(gen) << 32, std::memory_order_release);
+  next_.store(static_cast<uint64_t>(n1 + n2) << 32, std::memory_order_release);
   gen_.store(gen, std::memory_order_seq_cst);
   if (sleepers_.load(std::memory_order_seq_cst) > 0) {
     std::lock_guard<std::mutex> lock(mutex_);
     cv_.notify_all();
   }
-  work(gen, 0);
+  work(0);
   // Every unit of this run is claimed once work() returns; wait for the other workers' last ones.
   const uint64_t target = done_total_ + n1 + n2;
   for (;;) {
@@ -169,41 +169,39 @@ void WorkerPool::reset_profile() {
   runs_ = wall_ = tail_ = 0;
 }
 
-void WorkerPool::work(uint32_t gen, int worker) {
+void WorkerPool::work(int worker) {
   WorkerTicks& tk = ticks_[worker];
   std::atomic<uint64_t>& done = done_[worker].units;
   const uint32_t ahead_margin = static_cast<uint32_t>(num_threads_);
   bool first = true;
-  // Claims the next unit of generation `gen` into *unit; false once there is none. With `ahead`, only
-  // while more than ahead_margin units of its pass would be left unclaimed after it.
+  // Claims the next unit of the run in progress into *unit; false once there is none. One
+  // fetch_add, whichever run the word belongs to: a unit it hands out is one of the run in progress,
+  // which cannot end before that unit does, so the job and n1 read after it are that run's (the
+  // release of next_ in run() published them). With `ahead`, only while more than ahead_margin units
+  // of its pass are left unclaimed (read before the claim: a race can take one past the margin).
   auto claim = [&](uint32_t* unit, bool ahead) {
-    uint64_t cur = next_.load(std::memory_order_acquire);
-    for (;;) {
-      if (static_cast<uint32_t>(cur >> 32) != gen) return false;
-      const uint32_t u = static_cast<uint32_t>(cur);
+    if (ahead) {
+      const uint64_t cur = next_.load(std::memory_order_relaxed);
+      const uint32_t u = static_cast<uint32_t>(cur), total = static_cast<uint32_t>(cur >> 32);
       const uint32_t n1 = n1_.load(std::memory_order_relaxed);
-      const uint32_t total = n1 + n2_.load(std::memory_order_relaxed);
-      if (u >= total) return false;
-      if (ahead && (u < n1 ? n1 - u : total - u) <= ahead_margin) return false;
-      if (next_.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
-        *unit = u;
-        return true;
-      }
+      if (u >= total || (u < n1 ? n1 - u : total - u) <= ahead_margin) return false;
     }
+    const uint64_t w = next_.fetch_add(1, std::memory_order_acq_rel);
+    if (static_cast<uint32_t>(w) >= static_cast<uint32_t>(w >> 32)) return false;
+    *unit = static_cast<uint32_t>(w);
+    return true;
   };
   uint32_t unit = 0;
   if (!claim(&unit, false)) return;
-  // The claim succeeded, so job `gen` is still running and its fields are stable.
-  const bool ahead_ok = job_.load(std::memory_order_relaxed)->claim_ahead();
   bool claimed_ahead = false;
   for (;;) {
-    // A claim succeeded, so job `gen` is still running and its fields are stable.
+    // A unit is held, so its run is in progress and the job's fields are stable.
     PoolJob* job = job_.load(std::memory_order_relaxed);
     const uint32_t n1 = n1_.load(std::memory_order_relaxed);
     uint32_t next = PoolJob::kNoUnit;
-    const bool have_next = ahead_ok && claim(&next, true);
+    const bool have_next = job->claim_ahead() && claim(&next, true);
     const uint64_t t0 = ticks();
-    if (first) {  // the claim succeeded, so run_start_ is this run's (published with the job)
+    if (first) {  // a unit is held, so run_start_ is its run's (published with the job)
       first = false;
       const uint64_t start = run_start_.load(std::memory_order_relaxed);
       tk.join += t0 > start ? t0 - start : 0;
@@ -259,7 +257,7 @@ void WorkerPool::worker_main(int worker, int cpu) {
     }
     if (stop_.load(std::memory_order_acquire)) return;
     seen = g;
-    work(g, worker);
+    work(worker);
   }
 }
 

@@ -87,13 +87,15 @@ class WorkerPool {
   };
 
   void worker_main(int worker, int cpu);
-  void work(uint32_t gen, int worker);
+  void work(int worker);
 
   int num_threads_;
   std::vector<std::thread> threads_;
 
-  // Claim word: generation in the high 32 bits, next unit in the low 32 bits. A claim is a CAS that
-  // only succeeds for the current generation, so a late worker can never take a unit of a newer job.
+  // Claim word: the run's unit count in the high 32 bits, the next unit in the low 32 bits. A claim
+  // is one fetch_add (no compare-and-swap retries when 16 workers start at once); it hands out a unit
+  // while the low half is below the high half, and only of the run in progress: a worker late from
+  // an earlier run that gets one runs it for the run in progress (work()).
   alignas(64) std::atomic<uint64_t> next_{0};
   alignas(64) std::atomic<uint32_t> gen_{0};
   std::atomic<uint32_t> n1_{0}, n2_{0};

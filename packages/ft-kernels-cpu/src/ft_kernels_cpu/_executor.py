@@ -253,8 +253,19 @@ class MoeExecutor:
         """``run`` on raw addresses (layouts as in ``run``); only the task's range is checked."""
         self._native.run(layer, num_tokens, x, ids, weights, y)
 
-    def time_runs(self, layer: int, x: np.ndarray, ids_seq: np.ndarray, weights_seq: np.ndarray) -> float:
-        """Seconds for ``len(ids_seq)`` back-to-back runs, run i routing by ids_seq[i] (benchmarks)."""
+    def time_runs(
+        self,
+        layer: int,
+        x: np.ndarray,
+        ids_seq: np.ndarray,
+        weights_seq: np.ndarray,
+        out: np.ndarray | None = None,
+    ) -> float:
+        """Seconds for ``len(ids_seq)`` back-to-back runs, run i routing by ids_seq[i] (benchmarks).
+
+        ``out`` (bf16 or its uint16 bits, [num_tokens, hidden], C-contiguous, writeable), when given,
+        receives the last run's output.
+        """
         if not isinstance(ids_seq, np.ndarray) or ids_seq.ndim != 3:
             raise ValueError("ids_seq must be a 3-D array [count, num_tokens, top_k]")
         count = ids_seq.shape[0]
@@ -265,7 +276,10 @@ class MoeExecutor:
         _check_array("weights_seq", weights_seq, (count, T, self.top_k), "float32")
         if np.any(ids_seq >= self._experts[layer]):
             raise ValueError(f"ids_seq has ids >= num_experts={self._experts[layer]}")
-        out = np.empty((T, self.hidden), dtype=x.dtype)
+        if out is None:
+            out = np.empty((T, self.hidden), dtype=x.dtype)
+        else:
+            _check_array("out", out, (T, self.hidden), "bf16", writeable=True)
         return self._native.time_runs(
             layer, T, x.ctypes.data, ids_seq.ctypes.data, weights_seq.ctypes.data, count, out.ctypes.data
         )

@@ -1,0 +1,95 @@
+"""The worker pool under back-to-back runs of different sizes, with more threads than cores.
+
+A unit is claimed with one fetch_add on a word that holds the run's unit count and its next unit,
+so a worker that is late from one run (preempted between runs: here 6 threads share the machine's
+cores) can take a unit of the next one and must run it as that run's. Every unit of every run must
+run exactly once, with the run's own task: the outputs are compared, run by run, with the bits of a
+one-thread executor (whose own results the format tests check against float64 references).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ft_kernels_cpu as fk
+from helpers.moe_reference import BF16
+
+H, I, E, TOP_K = 256, 128, 8, 4
+
+
+def make_executor(threads: int, rng_seed: int = 0) -> fk.MoeExecutor:
+    rng = np.random.default_rng(rng_seed)
+    ex = fk.MoeExecutor(H, TOP_K, max_tokens=3, num_threads=threads)
+    ex.add_layer(
+        0,
+        "bf16",
+        num_experts=E,
+        intermediate=I,
+        banks={
+            "w13": rng.standard_normal((E, 2 * I, H)).astype(BF16),
+            "w2": rng.standard_normal((E, H, I)).astype(BF16),
+        },
+    )
+    return ex
+
+
+def tasks() -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(1)
+    out = []
+    # Runs of 1, 2 and 3 tokens over 1 to 8 distinct experts: different unit counts from run to run.
+    for ids in (
+        [[0, 1, 2, 3]],
+        [[5, 5, -1, 5]],
+        [[0, 1, 2, 3], [4, 5, 6, 7]],
+        [[7, -1, -1, -1], [-1, 6, -1, -1], [2, 2, 2, 2]],
+    ):
+        a = np.array(ids, dtype=np.int32)
+        x = rng.standard_normal((a.shape[0], H)).astype(BF16)
+        w = rng.random(a.shape, dtype=np.float32)
+        out.append((x, a, w))
+    return out
+
+
+@pytest.mark.parametrize("threads", [3, 6])
+def test_back_to_back_runs_of_different_sizes(threads: int) -> None:
+    ts = tasks()
+    ref_ex = make_executor(1)
+    want = [ref_ex.run(0, x, ids, w).view(np.uint16).copy() for x, ids, w in ts]
+    ex = make_executor(threads)
+    p0 = ex.pool_profile()
+    for i in range(400):
+        k = (i * 7 + i // 5) % len(ts)
+        x, ids, w = ts[k]
+        y = ex.run(0, x, ids, w).view(np.uint16)
+        np.testing.assert_array_equal(y, want[k], err_msg=f"run {i} (task {k}) on {threads} threads")
+    p = ex.pool_profile()
+    assert p["runs"] - p0["runs"] == 400
+
+
+@pytest.mark.parametrize("threads", [3, 6])
+def test_runs_without_gaps_between_them(threads: int) -> None:
+    # time_runs submits the tasks back to back from C++ (no Python between runs): the workers of one
+    # run are still finishing their claims when the next one starts. Each task's output is checked
+    # in turn by ending a sequence on it.
+    ts = [t for t in tasks() if t[1].shape[0] == 1]
+    ref_ex = make_executor(1)
+    ex = make_executor(threads)
+    for k in range(len(ts)):
+        x, ids, w = ts[k]
+        other = ts[1 - k]
+        seq_ids = np.stack([other[1], ids] * 150)  # [300, 1, TOP_K]: the two tasks alternating
+        seq_w = np.stack([other[2], w] * 150)
+        y = np.zeros((1, H), dtype=np.uint16)
+        secs = ex.time_runs(0, x, seq_ids, seq_w, out=y)
+        assert secs > 0
+        np.testing.assert_array_equal(y, ref_ex.run(0, x, ids, w).view(np.uint16))
+
+
+def test_time_runs_checks_its_output_array() -> None:
+    ex = make_executor(2)
+    x, ids, w = tasks()[0]
+    with pytest.raises(ValueError, match=r"out must have shape \[1, 256\]"):
+        ex.time_runs(0, x, ids[None], w[None], out=np.zeros((2, H), np.uint16))
+    with pytest.raises(TypeError, match="out must have dtype bfloat16"):
+        ex.time_runs(0, x, ids[None], w[None], out=np.zeros((1, H), np.float32))
