@@ -70,16 +70,16 @@ def test_unit_rows_never_change_results(fmt: str, monkeypatch: pytest.MonkeyPatc
 
 @pytest.mark.parametrize("fmt", fk.weight_formats())
 def test_stream_chain_never_changes_results(fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # FT_CPU_MOE_CHAIN=1: each worker claims its next unit when it starts one and its weight streams
-    # prefetch on into the next unit's. Only the order of claims and the prefetches change, so the
-    # bits are those of one thread without it (which the formats' tests check against float64
-    # references); small units on 3 threads make most claims early ones. An explicit distance, since
-    # the chain needs a software prefetch (bf16 on AMD has none by default).
+    # The chain (on unless FT_CPU_MOE_CHAIN=0): each worker claims its next unit when it starts one
+    # and its weight streams prefetch on into the next unit's. Only the order of claims and the
+    # prefetches change, so the bits are those of one thread without it (which the formats' tests
+    # check against float64 references); small units on 3 threads make most claims early ones. An
+    # explicit distance, since the chain needs a software prefetch (bf16 on AMD has none by default).
     monkeypatch.delenv("FT_CPU_MOE_UNIT_ROWS", raising=False)
-    monkeypatch.delenv("FT_CPU_MOE_CHAIN", raising=False)
+    monkeypatch.setenv("FT_CPU_MOE_CHAIN", "0")
     want = run_format(fmt, threads=1)
     assert np.any(want != 0)
-    monkeypatch.setenv("FT_CPU_MOE_CHAIN", "1")
+    monkeypatch.delenv("FT_CPU_MOE_CHAIN")  # the default
     for rows in ("0,0", "8,16"):
         monkeypatch.setenv("FT_CPU_MOE_UNIT_ROWS", rows)
         for prefetch in (None, 4096):
@@ -94,11 +94,16 @@ def test_stream_chain_never_changes_results(fmt: str, monkeypatch: pytest.Monkey
                 assert prof["chain_links"] >= units // 2, (msg, prof["chain_links"], units)
 
 
-def test_no_chain_links_without_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("FT_CPU_MOE_CHAIN", raising=False)
+@pytest.mark.parametrize(("value", "chained"), [(None, True), ("1", True), ("0", False)])
+def test_chain_is_on_unless_the_variable_is_0(value: str | None, chained: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if value is None:
+        monkeypatch.delenv("FT_CPU_MOE_CHAIN", raising=False)
+    else:
+        monkeypatch.setenv("FT_CPU_MOE_CHAIN", value)
     prof: dict = {}
     run_format("q4_0", threads=3, prefetch=4096, profile=prof)
-    assert prof["chain_links"] == 0 and prof["units1"] > 0
+    assert prof["units1"] > 0
+    assert (prof["chain_links"] > 0) == chained, prof["chain_links"]
 
 
 @pytest.mark.parametrize("value", ["2", "on", "yes", "-1"])
@@ -166,28 +171,42 @@ def test_pool_profile_counts_runs_and_units(chain: str, monkeypatch: pytest.Monk
 
 
 @pytest.mark.parametrize(
-    ("threads", "experts", "units2"), [(4, 8, 72), (15, 8, 144), (16, 8, 144), (16, 1, 32), (16, 3, 96)]
+    ("fmt", "threads", "experts", "units2"),
+    [
+        ("mxfp4", 4, 8, 88),
+        ("mxfp4", 15, 8, 144),
+        ("mxfp4", 16, 8, 144),
+        ("mxfp4", 16, 1, 32),
+        ("mxfp4", 16, 3, 96),
+        ("q4_0", 4, 8, 88),
+        ("q4_0", 16, 8, 176),
+        ("q4_0", 16, 1, 128),
+    ],
 )
 def test_pass2_units_follow_the_groups_and_threads(
-    threads: int, experts: int, units2: int, monkeypatch: pytest.MonkeyPatch
+    fmt: str, threads: int, experts: int, units2: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A pass-2 unit is one expert's block of output rows: 256 rows, halved while the run's experts
-    # give fewer than 8 units per thread, never below mxfp4's own 64 rows; the last expert's blocks
-    # come in halves where those keep to the 64 rows. 2048 rows and 8 experts: 64 units of 256 rows
-    # fill 4 threads 16 times, the last expert's 8 in 16 halves (72); 15 and 16 threads get 128
-    # units of 128 rows (144 with the halves). One expert stops at 64 rows (32 units, no halves), and
-    # so do 3 experts (96 units; 128 would need 32 rows).
+    # give fewer than 8 units per thread, never below the format's own rows (mxfp4 64, q4_0 16); the
+    # last expert's blocks come in quarters, else halves, where those keep to the format's rows.
+    # 2048 rows and 8 experts: 64 units of 256 rows fill 4 threads 16 times, the last expert's 8 in
+    # 32 quarters (88); 15 and 16 threads get 128 units of 128 rows, the last expert's 16 in 32
+    # halves for mxfp4 (144; quarters would be 32 rows) and 64 quarters for q4_0 (176). One expert
+    # stops at mxfp4's 64 rows (32 units, no halves), and so do 3 experts (96 units; 128 would need
+    # 32 rows); q4_0's one expert goes down to 16 rows (128 units, no parts).
     monkeypatch.delenv("FT_CPU_MOE_UNIT_ROWS", raising=False)
-    shape = MoeShape(2048, 64, experts, experts, 1, "swigluoai")
-    mod = bench_formats.load("mxfp4")
+    act = "swigluoai" if fmt == "mxfp4" else "silu"
+    shape = MoeShape(2048, 64, experts, experts, 1, act)
+    mod = bench_formats.load(fmt)
     ex = fk.MoeExecutor(shape.hidden, experts, max_tokens=1, num_threads=threads)
     ex.add_layer(
         0,
-        "mxfp4",
+        fmt,
         num_experts=experts,
         intermediate=64,
         banks=mod.banks(shape, experts, np.random.default_rng(0)),
-        activation="swigluoai",
+        activation=act,
+        options=getattr(mod, "OPTIONS", None),
     )
     x = bench_formats.random_bf16_bits(np.random.default_rng(1), (1, 2048)).view(BF16)
     ex.reset_pool_profile()

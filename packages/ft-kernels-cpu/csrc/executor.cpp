@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <initializer_list>
 #include <cstdlib>
 
 namespace ft {
@@ -41,8 +42,8 @@ struct MoeJob final : PoolJob {
   // Pass 2 work: units (group, block of rows2 output rows), groups in the same order as pass 1. A
   // unit writes its routes' values into `vals` (by member position); the unit that completes a
   // block (the last of the G groups to finish it) sums each token's routes into y. The last group's
-  // blocks come in `split2` parts (units of rows2 / split2 rows): the last units a run hands out are
-  // then shorter, and so is the wait of the workers that finish before them (the run's tail).
+  // blocks come in `split2` parts (4 or 2: units of rows2 / split2 rows): the last units a run hands
+  // out are then shorter, and so is the wait of the workers that finish before them (the run's tail).
   int rows2 = 16, nblk2 = 0, split2 = 1;
   std::vector<int> member_of_route;  // [T * k] -> position in `members`, or -1
   float* vals = nullptr;             // [routed][vals_stride]
@@ -332,15 +333,15 @@ static void parse_unit_rows(int* rows1, int* rows2) {
   *rows2 = static_cast<int>(b);
 }
 
-// $FT_CPU_MOE_CHAIN: "1" chains each worker's weight streams across its units (stream_prefetch.h's
-// StreamChain; workers claim their next unit when they start one), "0" (or unset) gives every kernel
-// call's stream its own start. Off by default: on the GPU machine's Xeon it shortened the time inside
-// units by 0-13% while the VMs it ran in were too disturbed to show the steps' ratios move
-// (docs/benchmarks.md, eighteenth session).
+// $FT_CPU_MOE_CHAIN: "1" (or unset) chains each worker's weight streams across its units
+// (stream_prefetch.h's StreamChain; workers claim their next unit when they start one), "0" gives every
+// kernel call's stream its own start. On by default: on the GPU machine's Xeon it shortened the time
+// inside units by 0-13% (eighteenth session) and raised the batch-1 ratios of a quiet VM
+// (docs/benchmarks.md, nineteenth session).
 static bool parse_chain() {
   const char* env = std::getenv("FT_CPU_MOE_CHAIN");
-  if (env == nullptr || *env == '\0' || std::string(env) == "0") return false;
-  if (std::string(env) == "1") return true;
+  if (env == nullptr || *env == '\0' || std::string(env) == "1") return true;
+  if (std::string(env) == "0") return false;
   throw Error(std::string("FT_CPU_MOE_CHAIN='") + env + "' must be 0 or 1 (chain the weight streams of a worker's units)");
 }
 
@@ -615,8 +616,16 @@ void MoeExecutor::run_locked(const ft_moe_task& task) {
   job.n1 = static_cast<uint32_t>(G) * job.nblk1;
   job.rows2 = L.rows2_fixed ? L.rows2 : pass2_rows_for(L.rows2, H, G, pool_.num_threads());
   job.nblk2 = (H + job.rows2 - 1) / job.rows2;
-  // Halves of the last group's blocks, where they keep to the format's unit rows (pass2_rows).
-  job.split2 = !L.rows2_fixed && job.rows2 % (2 * L.rows2) == 0 ? 2 : 1;
+  // Quarters of the last group's blocks, else halves, where they keep to the format's unit rows
+  // (pass2_rows): quarters took q4_0's tail on 16 threads of the GPU machine's Xeon from 4-6 to ~2 us
+  // a step (docs/benchmarks.md, nineteenth session).
+  job.split2 = 1;
+  for (int parts : {4, 2}) {
+    if (!L.rows2_fixed && job.rows2 % (parts * L.rows2) == 0) {
+      job.split2 = parts;
+      break;
+    }
+  }
   job.vals = vals_.data();
   job.vals_stride = H;
   if (job.group_done_size < static_cast<size_t>(G)) {

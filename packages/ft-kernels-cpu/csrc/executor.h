@@ -90,7 +90,7 @@ class MoeExecutor {
   int prefetch_l1_ = 0;
   bool prefetch_l1_explicit_ = false;  // $FT_CPU_MOE_PREFETCH_L1 set
   int unit_rows1_ = 0, unit_rows2_ = 0;  // $FT_CPU_MOE_UNIT_ROWS overrides (0: the format's)
-  bool chain_streams_ = false;           // $FT_CPU_MOE_CHAIN (stream_prefetch.h's StreamChain)
+  bool chain_streams_ = true;            // $FT_CPU_MOE_CHAIN (stream_prefetch.h's StreamChain)
   WorkerPool pool_;
   std::map<int, Layer> layers_;
   std::unique_ptr<MoeJob> job_;

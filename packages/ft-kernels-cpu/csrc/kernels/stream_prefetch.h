@@ -17,9 +17,8 @@
 // (FT_CPU_MOE_PREFETCH_L1, MoeFormat::two_level_prefetch_any_pool, MoeExecutor's
 // layer_prefetch_l1_bytes; docs/benchmarks.md, tenth session).
 //
-// Chains (StreamChain, set by the executor for the units a worker runs when FT_CPU_MOE_CHAIN=1; off by
-// default until it is measured on a quiet machine): a worker's weight streams,
-// unit after unit, are one stream to the memory system. A stream that is an entry of the chain, whole
+// Chains (StreamChain, set by the executor for the units a worker runs unless FT_CPU_MOE_CHAIN=0): a
+// worker's weight streams, unit after unit, are one stream to the memory system. A stream that is an entry of the chain, whole
 // (its begin and end), goes on requesting lines past its end into the next entry at the same distance,
 // and that entry skips the burst of its first `dist` bytes, which its predecessor requested. Without
 // it each stream starts from DRAM's latency and its last `dist` bytes drain the core's requests; on

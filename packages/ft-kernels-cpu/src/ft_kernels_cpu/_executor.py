@@ -298,7 +298,7 @@ class MoeExecutor:
         ``units1`` / ``units2``. ``wall_s`` minus those is time outside any unit, of which ``join_s`` is
         from the start of a run to a worker's first unit and ``tail_s`` from its last unit to the end.
         ``read_bandwidth_gbs`` runs on the same pool and counts too. ``chain_links``: weight streams
-        whose prefetch ran on into the next one (``FT_CPU_MOE_CHAIN=1``; 0 without it).
+        whose prefetch ran on into the next one (0 with ``FT_CPU_MOE_CHAIN=0``).
         """
         return dict(self._native.pool_profile())
 
