@@ -95,7 +95,9 @@ def test_stream_chain_never_changes_results(fmt: str, monkeypatch: pytest.Monkey
 
 
 @pytest.mark.parametrize(("value", "chained"), [(None, True), ("1", True), ("0", False)])
-def test_chain_is_on_unless_the_variable_is_0(value: str | None, chained: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_chain_is_on_unless_the_variable_is_0(
+    value: str | None, chained: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if value is None:
         monkeypatch.delenv("FT_CPU_MOE_CHAIN", raising=False)
     else:
