@@ -174,21 +174,29 @@ void WorkerPool::work(int worker) {
   std::atomic<uint64_t>& done = done_[worker].units;
   const uint32_t ahead_margin = static_cast<uint32_t>(num_threads_);
   bool first = true;
+  uint64_t last = 0;  // the word the worker's last claim returned: its unit and the run's unit count
   // Claims the next unit of the run in progress into *unit; false once there is none. One
   // fetch_add, whichever run the word belongs to: a unit it hands out is one of the run in progress,
   // which cannot end before that unit does, so the job and n1 read after it are that run's (the
   // release of next_ in run() published them). With `ahead`, only while more than ahead_margin units
-  // of its pass are left unclaimed (read before the claim: a race can take one past the margin).
+  // of its pass are left unclaimed. That takes a load of the word before the claim (another transfer
+  // of its contended line) only near a margin: the word moves on by about num_threads units while a
+  // worker runs one, so a claim ahead that comes more than 4 margins before the margin by the
+  // worker's last claim is made without it (a race can take a unit past the margin either way).
   auto claim = [&](uint32_t* unit, bool ahead) {
     if (ahead) {
-      const uint64_t cur = next_.load(std::memory_order_relaxed);
-      const uint32_t u = static_cast<uint32_t>(cur), total = static_cast<uint32_t>(cur >> 32);
       const uint32_t n1 = n1_.load(std::memory_order_relaxed);
-      if (u >= total || (u < n1 ? n1 - u : total - u) <= ahead_margin) return false;
+      const uint32_t u = static_cast<uint32_t>(last) + 1, total = static_cast<uint32_t>(last >> 32);
+      if ((u < n1 ? n1 - u : total - u) <= 5 * ahead_margin) {
+        const uint64_t cur = next_.load(std::memory_order_relaxed);
+        const uint32_t c = static_cast<uint32_t>(cur), ct = static_cast<uint32_t>(cur >> 32);
+        if (c >= ct || (c < n1 ? n1 - c : ct - c) <= ahead_margin) return false;
+      }
     }
     const uint64_t w = next_.fetch_add(1, std::memory_order_acq_rel);
     if (static_cast<uint32_t>(w) >= static_cast<uint32_t>(w >> 32)) return false;
     *unit = static_cast<uint32_t>(w);
+    last = w;
     return true;
   };
   uint32_t unit = 0;
@@ -199,7 +207,9 @@ void WorkerPool::work(int worker) {
     PoolJob* job = job_.load(std::memory_order_relaxed);
     const uint32_t n1 = n1_.load(std::memory_order_relaxed);
     uint32_t next = PoolJob::kNoUnit;
-    const bool have_next = job->claim_ahead() && claim(&next, true);
+    // Not for a worker's first unit of a run: the workers start together, and a second claim each
+    // would queue on the word before they start.
+    const bool have_next = !first && job->claim_ahead() && claim(&next, true);
     const uint64_t t0 = ticks();
     if (first) {  // a unit is held, so run_start_ is its run's (published with the job)
       first = false;

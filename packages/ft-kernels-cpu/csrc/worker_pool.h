@@ -1,9 +1,9 @@
 // A fixed pool of worker threads, one pinned per physical core, that runs a two-phase job:
 // units [0, n1) (pass 1), then units [n1, n1 + n2) (pass 2). Units are claimed in order; a pass-2
 // unit starts once the job says its inputs are ready (the job tracks what its units depend on).
-// For a job that asks (PoolJob::claim_ahead), a worker claims its next unit when it starts one, so the
-// job can prefetch the next one's data meanwhile, as long as more than num_threads units of that
-// unit's pass are left unclaimed after it: the last num_threads units of pass 1 and of the run are
+// For a job that asks (PoolJob::claim_ahead), a worker claims its next unit when it starts one (from
+// its second unit of a run on), so the job can prefetch the next one's data meanwhile, as long as
+// more than num_threads units of that unit's pass are left unclaimed after it: the last num_threads units of pass 1 and of the run are
 // claimed as workers come free (a pass-1 unit held back delays the pass-2 units that wait for it, a
 // last unit held back lengthens the run's tail).
 //
