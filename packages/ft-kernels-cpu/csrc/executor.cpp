@@ -336,8 +336,8 @@ static void parse_unit_rows(int* rows1, int* rows2) {
 // $FT_CPU_MOE_CHAIN: "1" (or unset) chains each worker's weight streams across its units
 // (stream_prefetch.h's StreamChain; workers claim their next unit when they start one), "0" gives every
 // kernel call's stream its own start. On by default: on the GPU machine's Xeon it shortened the time
-// inside units by 0-13% (eighteenth session) and raised the batch-1 ratios of a quiet VM
-// (docs/benchmarks.md, nineteenth session).
+// inside units by 0-13% (eighteenth session), and with it main's batch-1 ratios were at or above
+// those without it for every format in one VM (docs/benchmarks.md, nineteenth session).
 static bool parse_chain() {
   const char* env = std::getenv("FT_CPU_MOE_CHAIN");
   if (env == nullptr || *env == '\0' || std::string(env) == "1") return true;
@@ -617,8 +617,8 @@ void MoeExecutor::run_locked(const ft_moe_task& task) {
   job.rows2 = L.rows2_fixed ? L.rows2 : pass2_rows_for(L.rows2, H, G, pool_.num_threads());
   job.nblk2 = (H + job.rows2 - 1) / job.rows2;
   // Quarters of the last group's blocks, else halves, where they keep to the format's unit rows
-  // (pass2_rows): quarters took q4_0's tail on 16 threads of the GPU machine's Xeon from 4-6 to ~2 us
-  // a step (docs/benchmarks.md, nineteenth session).
+  // (pass2_rows): quarters took q4_0's tail on 16 threads of the GPU machine's Xeon from 3.2-5.8 to
+  // 1.8-2.3 us a step in one VM (docs/benchmarks.md, nineteenth session).
   job.split2 = 1;
   for (int parts : {4, 2}) {
     if (!L.rows2_fixed && job.rows2 % (parts * L.rows2) == 0) {
