@@ -12,26 +12,14 @@ import pytest
 
 import ft_kernels_cpu as fk
 from ft_kernels_cpu._native import native
-from helpers.checks import assert_add_layer_refused
+from helpers.checks import assert_add_layer_refused, random_bf16_executor
 from helpers.moe_reference import BF16
 
 H, I, E, TOP_K = 64, 32, 4, 2
 
 
 def small_executor(**kw) -> fk.MoeExecutor:
-    rng = np.random.default_rng(0)
-    ex = fk.MoeExecutor(hidden=H, top_k=TOP_K, max_tokens=4, **kw)
-    ex.add_layer(
-        0,
-        "bf16",
-        num_experts=E,
-        intermediate=I,
-        banks={
-            "w13": rng.standard_normal((E, 2 * I, H)).astype(BF16),
-            "w2": rng.standard_normal((E, H, I)).astype(BF16),
-        },
-    )
-    return ex
+    return random_bf16_executor(H, I, E, TOP_K, max_tokens=4, **kw)
 
 
 def task(T: int = 2):

@@ -13,25 +13,14 @@ import numpy as np
 import pytest
 
 import ft_kernels_cpu as fk
+from helpers.checks import random_bf16_executor
 from helpers.moe_reference import BF16
 
 H, I, E, TOP_K = 256, 128, 8, 4
 
 
-def make_executor(threads: int, rng_seed: int = 0) -> fk.MoeExecutor:
-    rng = np.random.default_rng(rng_seed)
-    ex = fk.MoeExecutor(H, TOP_K, max_tokens=3, num_threads=threads)
-    ex.add_layer(
-        0,
-        "bf16",
-        num_experts=E,
-        intermediate=I,
-        banks={
-            "w13": rng.standard_normal((E, 2 * I, H)).astype(BF16),
-            "w2": rng.standard_normal((E, H, I)).astype(BF16),
-        },
-    )
-    return ex
+def make_executor(threads: int) -> fk.MoeExecutor:
+    return random_bf16_executor(H, I, E, TOP_K, max_tokens=3, num_threads=threads)
 
 
 def tasks() -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:

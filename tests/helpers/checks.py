@@ -193,3 +193,22 @@ def run_router_weight_on_input(
     x = rng.standard_normal((T, hidden)).astype(BF16)
     w = (0.5 + rng.random((T, top_k))).astype(np.float32)
     return x, ids, w, ex.run(0, x, ids, w)
+
+
+def random_bf16_executor(
+    H: int, I: int, E: int, top_k: int, max_tokens: int, seed: int = 0, **kw: Any
+) -> fk.MoeExecutor:
+    """An executor with one bf16 layer 0 of E experts of random N(0, 1) weights (kw: MoeExecutor's)."""
+    rng = np.random.default_rng(seed)
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=max_tokens, **kw)
+    ex.add_layer(
+        0,
+        "bf16",
+        num_experts=E,
+        intermediate=I,
+        banks={
+            "w13": rng.standard_normal((E, 2 * I, H)).astype(BF16),
+            "w2": rng.standard_normal((E, H, I)).astype(BF16),
+        },
+    )
+    return ex
