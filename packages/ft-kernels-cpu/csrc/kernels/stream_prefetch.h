@@ -28,9 +28,10 @@
 // Two ways to walk a stream:
 //   StreamPrefetch        stateless, passed by const reference into the kernels: ahead(p) once per
 //                         64-byte line read at p (bf16, fp8_block, nvfp4, mxfp4, ds_fp4).
-//   StreamPrefetchCursor  remembers the last line requested: advance(p) requests every line up to
-//                         p + dist not requested yet, for streams read in blocks that are not whole
-//                         lines (ggml blocks of 18, 34, 144, 210 bytes, ...).
+//   StreamPrefetchCursor  remembers the last line requested: advance(p) requests the lines up to
+//                         p + dist + 256 not requested yet once p + dist reaches them, for streams
+//                         read in blocks that are not whole lines (ggml blocks of 18, 34, 144, 210
+//                         bytes, ...).
 #pragma once
 
 #include <algorithm>
@@ -181,6 +182,14 @@ struct StreamPrefetch {
 };
 
 struct StreamPrefetchCursor {
+  // advance() requests a chunk of lines at a time: the lines up to p + dist + kChunk (two-level: and
+  // up to p + near + kChunk into L1), then nothing until the read position's lead falls below the
+  // distance (p >= trigger). Per call that is one compare while nothing is due. The cursor's fields live in memory (its
+  // address is taken), so a per-call walk of them was ~25 scalar operations per 4 Q4_0 blocks
+  // beside ~36 vector ones, and on a Zen 3 core (6 operations dispatched a cycle) the q4_0 loop
+  // dispatch-bound (docs/benchmarks.md, twentieth session).
+  static constexpr size_t kChunk = 256;
+  uintptr_t trigger = 0;  // advance(p) does nothing while p < trigger
   const char* next;       // first line not requested yet
   const char* next_near;  // two-level: first line not requested into L1 yet
   const char* end;        // one past the last byte of the stream
@@ -205,10 +214,16 @@ struct StreamPrefetchCursor {
     }
     succ_next = succ;
   }
-  // Reading at `p`: requests every line not requested yet up to p + dist (two-level: into L2, and
-  // those up to p + near into L1), within the stream, and past its end within the chain's next one.
+  // Reading at `p`: requests every line not requested yet up to p + dist + kChunk (two-level: into
+  // L2, and those up to p + near + kChunk into L1), within the stream, and past its end within the
+  // chain's next one.
   void advance(const void* p) {
-    const char* at = static_cast<const char*>(p);
+    if (__builtin_expect(reinterpret_cast<uintptr_t>(p) < trigger, 1)) return;
+    refill(static_cast<const char*>(p) + kChunk);
+  }
+
+ private:
+  void refill(const char* at) {
     if (succ && at + dist > end) {
       const char* sl = std::min(succ_end, succ + (at + dist - end));
       if (near) {
@@ -220,11 +235,26 @@ struct StreamPrefetchCursor {
     const char* lim = std::min(end, at + dist);
     if (!near) {
       for (; next < lim; next += 64) prefetch_line(next);
-      return;
+    } else {
+      for (; next < lim; next += 64) prefetch_line<PrefetchHint::L2>(next);
+      const char* lim_near = std::min(end, at + near);
+      for (; next_near < lim_near; next_near += 64) prefetch_line(next_near);
     }
-    for (; next < lim; next += 64) prefetch_line<PrefetchHint::L2>(next);
-    const char* lim_near = std::min(end, at + near);
-    for (; next_near < lim_near; next_near += 64) prefetch_line(next_near);
+    // The next refill is due at the first read position p whose lead falls below the distance:
+    // p + dist > next, p + near > next_near, or past the end p + dist - end > succ_next - succ. The
+    // leads thus stay between the distance and the distance plus kChunk.
+    const uintptr_t never = ~uintptr_t{0};
+    auto due = [](const char* first_new, int lead) {
+      return reinterpret_cast<uintptr_t>(first_new) - static_cast<uintptr_t>(lead) + 1;
+    };
+    uintptr_t t = never;
+    if (next < end) {
+      t = due(next, dist);
+    } else if (succ && succ_next < succ_end) {
+      t = due(end + (succ_next - succ), dist);
+    }
+    if (near && next_near < end) t = std::min(t, due(next_near, near));
+    trigger = t;
   }
 };
 
