@@ -46,8 +46,13 @@ namespace ft {
 // (_MM_HINT_T1; the FP4 formats, see fp4_kernels.cpp). Off x86 both are __builtin_prefetch's default.
 enum class PrefetchHint { L1, L2 };
 
+// FT_PREFETCH_TRACE(address, into_l2), when defined before this header, sees every request (the
+// tests' check of the request pattern: tests/ft_kernels_cpu/test_stream_prefetch.py).
 template <PrefetchHint Hint = PrefetchHint::L1>
 inline void prefetch_line(const char* q) {
+#ifdef FT_PREFETCH_TRACE
+  FT_PREFETCH_TRACE(q, Hint == PrefetchHint::L2);
+#endif
 #if FT_X86
   if constexpr (Hint == PrefetchHint::L2) {
     _mm_prefetch(q, _MM_HINT_T1);
