@@ -1,4 +1,5 @@
-// The request pattern of StreamPrefetchCursor (packages/ft-kernels-cpu/csrc/kernels/stream_prefetch.h),
+// The request patterns of StreamPrefetchCursor and StreamPrefetch::ahead_block (packages/ft-kernels-cpu/
+// csrc/kernels/stream_prefetch.h),
 // compiled and run by test_stream_prefetch.py. A stream is read in blocks of `step` bytes and the
 // cursor advanced at each block's start, as the ggml kernels do; every request is traced
 // (FT_PREFETCH_TRACE) and checked against the contract, computed here from the addresses alone:
@@ -157,6 +158,56 @@ void run_case(size_t bytes, int step, int dist, int near, size_t succ_bytes) {
   if (g_failures == before) std::printf("ok %s\n", ctx);
 }
 
+// StreamPrefetch::ahead_block<N> at every block of a stream read in blocks of N: after the block at
+// off, every line that starts below off + dist has been requested (two levels: into L2, and those in
+// [near, off + near) into L1), none at or past off + N + dist (off + N + near); no line more than
+// twice a level. (A last partial line of the stream may go without a request: the requests of a
+// block lie 64 bytes apart from its start, and no block follows the last.)
+template <int N>
+void run_block_case(size_t bytes, int dist, int near) {
+  char ctx[160];
+  std::snprintf(ctx, sizeof ctx, "ahead_block<%d> bytes %zu dist %d near %d", N, bytes, dist, near);
+  static std::vector<char> buf(1 << 22);
+  const char* s = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
+  const size_t lines = (bytes + 63) / 64;
+  const int before = g_failures;
+  ft::t_prefetch_near = near;
+  ft::t_chain.start(false);
+  g_requests.clear();
+  const ft::StreamPrefetch<> pf(s, bytes, dist);
+  const int nr = pf.near;
+  std::vector<int> far(lines), l1(lines);
+  for (size_t off = 0; off < bytes; off += N) {
+    pf.ahead_block<N>(s + off);
+    for (const auto& [q, into_l2] : g_requests) {
+      if (q < s || q >= s + bytes) {
+        fail("request outside the stream", static_cast<long>(q - s), static_cast<long>(bytes), ctx);
+        continue;
+      }
+      const long line = (q - s) / 64;
+      const bool is_far = nr > 0 ? into_l2 : true;
+      (is_far ? far : l1)[line] += 1;
+      const long lead = is_far ? dist : nr;
+      if ((q - s) / 64 * 64 >= static_cast<long>(off) + N + lead) fail("line requested too early", line, static_cast<long>(off), ctx);
+    }
+    g_requests.clear();
+    auto covered = [&](const std::vector<int>& c, long from, long lead, const char* what) {
+      const long need = std::min<long>((static_cast<long>(off) + lead + 63) / 64, static_cast<long>(bytes / 64));
+      for (long l = from; l < need; ++l) {
+        if (c[l] == 0) fail(what, l, static_cast<long>(off), ctx);
+      }
+    };
+    // The far lines below the stream's first `dist` come from the constructor's burst (traced too);
+    // its first `near` bytes have no L1 request (the burst goes to L2).
+    covered(far, 0, dist, "far line not requested in time");
+    if (nr > 0) covered(l1, nr / 64, nr, "L1 line not requested in time");
+  }
+  for (size_t l = 0; l < lines; ++l) {
+    if (far[l] > 2 || l1[l] > 2) fail("line requested more than twice", static_cast<long>(l), far[l] + l1[l], ctx);
+  }
+  if (g_failures == before) std::printf("ok %s\n", ctx);
+}
+
 }  // namespace
 
 int main() {
@@ -166,6 +217,15 @@ int main() {
     for (size_t bytes : sizes) {
       for (int dist : {512, 8192}) {
         for (int near : {0, 1024}) run_case(bytes, step, dist, near, bytes % 3 == 0 ? 5000 : 40000);
+      }
+    }
+  }
+  for (size_t bytes : sizes) {
+    for (int dist : {512, 8192}) {
+      for (int near : {0, 1024}) {
+        run_block_case<68>(bytes, dist, near);
+        run_block_case<72>(bytes, dist, near);
+        run_block_case<210>(bytes, dist, near);
       }
     }
   }

@@ -81,7 +81,9 @@ inline void kquant_scale_min(const uint8_t* s, uint8_t* sc, uint8_t* mn) {
 }
 
 // Software prefetch of one call's rows (contiguous when ld == row bytes), into L1: a cursor
-// (stream_prefetch.h), since blocks are not whole 64-byte lines.
+// (stream_prefetch.h), since blocks are not whole 64-byte lines. The avx2 tier's int8 kernels, which
+// request per block of 68-210 bytes, take StreamPrefetch::ahead_block instead (a fixed number of
+// requests a block; the cursor's refill branch, taken every 1-4 blocks, was mispredicted often).
 inline StreamPrefetchCursor rows_prefetch(const uint8_t* W, size_t ld, int nrows, size_t row_bytes, int d) {
   return StreamPrefetchCursor(W, rows_stream_bytes(ld, nrows, row_bytes), d);
 }
@@ -269,7 +271,7 @@ struct Q4_0Pairs {
   static constexpr int kOffset = 8;
   const uint8_t* W;
   size_t ld;
-  StreamPrefetchCursor* pf;  // nullptr: no software prefetch
+  const StreamPrefetch<>* pf;  // nullptr: no software prefetch
   const uint8_t* at(int row, int b) const { return W + row * ld + 18 * b; }
   static __m256i split(__m256i raw, __m256i& H) {
     const __m256i m4 = _mm256_set1_epi8(15);
@@ -306,7 +308,7 @@ struct Q4_0Pairs {
     return _mm256_permute_ps(_mm256_cvtph_ps(t), 0x00);
   }
   void ahead(int row, int g) const {
-    if (pf) pf->advance(at(row, 4 * g));
+    if (pf) pf->ahead_block<72>(at(row, 4 * g));
   }
 };
 
@@ -318,7 +320,7 @@ struct Mxfp4Pairs {
   static constexpr int kOffset = 12;
   const uint8_t* W;
   size_t ld;
-  StreamPrefetchCursor* pf;
+  const StreamPrefetch<>* pf;
   const uint8_t* at(int row, int b) const { return W + row * ld + 17 * b; }
   void pair(int row, int p, __m256i& L, __m256i& H) const {
     const uint8_t* q = at(row, 2 * p);
@@ -347,7 +349,7 @@ struct Mxfp4Pairs {
     return half ? _mm256_set_m128(_mm_setzero_ps(), _mm_load_ps(kE8m0GgmlHalf4.v[q[0]])) : lanes(q[0], q[17]);
   }
   void ahead(int row, int g) const {
-    if (pf) pf->advance(at(row, 4 * g));
+    if (pf) pf->ahead_block<68>(at(row, 4 * g));
   }
 };
 
@@ -355,7 +357,7 @@ struct Mxfp4Pairs {
 template <class P, int bytes, int NV>
 void rows_pairs(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
   const int nb = K / 32;
-  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * bytes, prefetch);
+  const StreamPrefetch<> pf(W, rows_stream_bytes(ld, nrows, static_cast<size_t>(nb) * bytes), prefetch);
   const uint8_t* x[NV];
   for (int j = 0; j < NV; ++j) x[j] = xs[j].q;
   pairs::rows<NV>(P{W, ld, prefetch ? &pf : nullptr}, x, nrows, nb, out, os);
@@ -495,13 +497,13 @@ template <int NV>
 void rows_q6_k(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
   const int nb = K / 256;
   const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
-  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * 210, prefetch);
+  const StreamPrefetch<> pf(W, rows_stream_bytes(ld, nrows, static_cast<size_t>(nb) * 210), prefetch);
   for (int r = 0; r < nrows; ++r) {
     const uint8_t* w = W + r * ld;
     KAcc<NV> acc;
     for (int b = 0; b < nb; ++b) {
       const uint8_t* p = w + 210 * b;
-      if (prefetch) pf.advance(p);
+      if (prefetch) pf.ahead_block<210>(p);
       const float d = _cvtsh_ss(load_u16(p + 208));
       const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192));
       const __m256i s16 = _mm256_cvtepi8_epi16(s8);

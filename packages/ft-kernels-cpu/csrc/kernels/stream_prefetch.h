@@ -27,11 +27,13 @@
 //
 // Two ways to walk a stream:
 //   StreamPrefetch        stateless, passed by const reference into the kernels: ahead(p) once per
-//                         64-byte line read at p (bf16, fp8_block, nvfp4, mxfp4, ds_fp4).
+//                         64-byte line read at p (bf16, fp8_block, nvfp4, mxfp4, ds_fp4), or
+//                         ahead_block<N>(p) once per block of N bytes (the avx2 tier's ggml kernels:
+//                         4 blocks of Q4_0 or MXFP4, Q4_K, Q6_K).
 //   StreamPrefetchCursor  remembers the last line requested: advance(p) requests the lines up to
 //                         p + dist + 256 not requested yet once p + dist reaches them, for streams
-//                         read in blocks that are not whole lines (ggml blocks of 18, 34, 144, 210
-//                         bytes, ...).
+//                         read in blocks that are not whole lines and calls 256 bytes apart or more
+//                         (ggml's avx512_bf16 kernels over 4 rows at a time, the fp32 kernels).
 #pragma once
 
 #include <algorithm>
@@ -168,6 +170,18 @@ struct StreamPrefetch {
       if (n < end) prefetch_line<PrefetchHint::L1>(n);
     }
   }
+  // A block of N bytes read at p, for kernels whose blocks are not whole lines (ggml's 18, 68, 72,
+  // 210 bytes): ceil(N / 64) requests at p, p + 64, ..., each moved `dist` ahead. With the blocks
+  // read back to back, every line of the stream is requested (some twice), the same number of
+  // requests a block: no branch on how the lines fall. (A cursor that requested only the lines not
+  // requested yet, 256 bytes at a time, took its refill branch every 3.5 Q4_0 groups, which the
+  // predictor missed often enough to cost q4_0's avx2 rows ~15% on Zen 3; docs/benchmarks.md,
+  // twentieth session.)
+  template <int N>
+  void ahead_block(const void* p) const {
+    const char* q = static_cast<const char*>(p);
+    for (int o = 0; o < N; o += 64) ahead(q + o);
+  }
   // Every line of [p, p + n) moved `dist` ahead.
   void ahead_range(const void* p, size_t n) const {
     if (!dist) return;
@@ -189,10 +203,11 @@ struct StreamPrefetch {
 struct StreamPrefetchCursor {
   // advance() requests a chunk of lines at a time: the lines up to p + dist + kChunk (two-level: and
   // up to p + near + kChunk into L1), then nothing until the read position's lead falls below the
-  // distance (p >= trigger). Per call that is one compare while nothing is due. The cursor's fields live in memory (its
-  // address is taken), so a per-call walk of them was ~25 scalar operations per 4 Q4_0 blocks
-  // beside ~36 vector ones, and on a Zen 3 core (6 operations dispatched a cycle) the q4_0 loop
-  // dispatch-bound (docs/benchmarks.md, twentieth session).
+  // distance (p >= trigger): one compare a call while nothing is due, where walking the fields (in
+  // memory: the cursor's address is taken) took ~25 scalar operations a call. Calls that come less
+  // than kChunk apart take the refill branch at a cadence the predictor misses (every 3.5 calls of
+  // 72 bytes): kernels that advance per small block use StreamPrefetch::ahead_block instead
+  // (docs/benchmarks.md, twentieth session).
   static constexpr size_t kChunk = 256;
   uintptr_t trigger = 0;  // advance(p) does nothing while p < trigger
   const char* next;       // first line not requested yet
