@@ -219,17 +219,18 @@ struct Q6_K {
   }
 };
 
-// Rows of a block type, one after the other (they are contiguous in a call, so one prefetch stream).
+// Rows of a block type, one after the other (they are contiguous in a call, so one prefetch stream;
+// a fixed number of requests per pair of blocks, StreamPrefetch::ahead_block).
 template <class T>
 void rows(const uint8_t* W, size_t ld, int nrows, const float* x, int K, float* out, int prefetch) {
   const int nb = K / T::elems;
-  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * T::bytes, prefetch);
+  const StreamPrefetch<> pf(W, rows_stream_bytes(ld, nrows, static_cast<size_t>(nb) * T::bytes), prefetch);
   for (int r = 0; r < nrows; ++r) {
     const uint8_t* w = W + r * ld;
     F a0 = V::zero(), a1 = a0, a2 = a0, a3 = a0;
     int b = 0;
     for (; b + 2 <= nb; b += 2) {
-      if (prefetch) pf.advance(w + b * T::bytes);
+      if (prefetch) pf.ahead_block<2 * T::bytes>(w + b * T::bytes);
       T::block(w + b * T::bytes, x + b * T::elems, a0, a1);
       T::block(w + (b + 1) * T::bytes, x + (b + 1) * T::elems, a2, a3);
     }
@@ -266,13 +267,13 @@ void rows_nv(const uint8_t* W, size_t ld, int nrows, const float* const* xs, int
              int prefetch) {
   constexpr int nw = T::elems / N;
   const int nb = K / T::elems;
-  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * T::bytes, prefetch);
+  const StreamPrefetch<> pf(W, rows_stream_bytes(ld, nrows, static_cast<size_t>(nb) * T::bytes), prefetch);
   for (int r = 0; r < nrows; ++r) {
     const uint8_t* w = W + r * ld;
     F acc[NV];
     for (int j = 0; j < NV; ++j) acc[j] = V::zero();
     for (int b = 0; b < nb; ++b) {
-      if (prefetch) pf.advance(w + b * T::bytes);
+      if (prefetch) pf.ahead_block<T::bytes>(w + b * T::bytes);
       F wv[nw];
       T::deq(w + b * T::bytes, wv);
       for (int c = 0; c < nw; ++c) {
