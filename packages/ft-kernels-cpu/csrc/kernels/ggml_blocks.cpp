@@ -80,10 +80,11 @@ inline void kquant_scale_min(const uint8_t* s, uint8_t* sc, uint8_t* mn) {
   }
 }
 
-// Software prefetch of one call's rows (contiguous when ld == row bytes), into L1: a cursor
-// (stream_prefetch.h), since blocks are not whole 64-byte lines. The avx2 tier's int8 kernels, which
-// request per block of 68-210 bytes, take StreamPrefetch::ahead_block instead (a fixed number of
-// requests a block; the cursor's refill branch, taken every 1-4 blocks, was mispredicted often).
+// Software prefetch of one call's fp16 rows (contiguous when ld == row bytes), into L1: a cursor
+// (stream_prefetch.h), called every 16-128 bytes, a whole divisor of its 256-byte refills. The block
+// kernels request per block of 68-840 bytes with StreamPrefetch::ahead_block: a fixed number of
+// requests a block, where the cursor's refill branch, taken every 1-4 calls in a pattern of their
+// byte counts, was mispredicted often (docs/benchmarks.md, twentieth session).
 inline StreamPrefetchCursor rows_prefetch(const uint8_t* W, size_t ld, int nrows, size_t row_bytes, int d) {
   return StreamPrefetchCursor(W, rows_stream_bytes(ld, nrows, row_bytes), d);
 }
@@ -851,7 +852,7 @@ template <int NV>
 void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
   const int nb = K / 32, nfull = nb / 8;
   const __m512i ic0 = Q4_0::idx_codes0(), ic1 = Q4_0::idx_codes1(), isc = Q4_0::idx_scales();
-  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * Q4_0::bytes, prefetch);
+  const StreamPrefetch<> pf(W, rows_stream_bytes(ld, nrows, static_cast<size_t>(nb) * Q4_0::bytes), prefetch);
   int r = 0;
   if constexpr (NV == 1) {
     // 4 rows at a time (their 4 streams advance together), summed by one transposed reduction
@@ -862,12 +863,12 @@ void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, f
       int g = 0;
       for (; g < nfull; ++g) {
         // the 4 rows' span read as one stream at 4 times the pace: requests stay in address order
-        if (prefetch) pf.advance(w[0] + 4 * g * 144);
+        if (prefetch) pf.ahead_block<4 * 144>(w[0] + 4 * g * 144);
         const uint8_t* p[4] = {w[0] + g * 144, w[1] + g * 144, w[2] + g * 144, w[3] + g * 144};
         q4_0_group_rows<4>(p, xs[0].q + static_cast<size_t>(g) * kQ4_0XGroupBytes, ic0, ic1, isc, acc);
       }
       if (8 * g < nb) {
-        if (prefetch) pf.advance(w[0] + 4 * g * 144);
+        if (prefetch) pf.ahead_block<4 * 144>(w[0] + 4 * g * 144);
         for (int i = 0; i < 4; ++i) {
           q4_0_group<1>(w[i] + g * 144, nb - 8 * g, xs, static_cast<size_t>(g) * kQ4_0XGroupBytes, ic0, ic1, isc,
                         &acc[i]);
@@ -885,12 +886,12 @@ void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, f
       for (int j = 0; j < NV; ++j) acc0[j] = acc1[j] = _mm512_setzero_ps();
       int g = 0;
       for (; g < nfull; ++g) {
-        if (prefetch) pf.advance(w0 + 2 * g * 144);
+        if (prefetch) pf.ahead_block<2 * 144>(w0 + 2 * g * 144);
         q4_0_group_pair<NV>(w0 + g * 144, w1 + g * 144, xs, static_cast<size_t>(g) * kQ4_0XGroupBytes, isc, acc0,
                             acc1);
       }
       if (8 * g < nb) {
-        if (prefetch) pf.advance(w0 + 2 * g * 144);
+        if (prefetch) pf.ahead_block<2 * 144>(w0 + 2 * g * 144);
         const size_t xo = static_cast<size_t>(g) * kQ4_0XGroupBytes;
         q4_0_group<NV>(w0 + g * 144, nb - 8 * g, xs, xo, ic0, ic1, isc, acc0);
         q4_0_group<NV>(w1 + g * 144, nb - 8 * g, xs, xo, ic0, ic1, isc, acc1);
@@ -905,11 +906,11 @@ void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, f
     for (int j = 0; j < NV; ++j) acc[j] = _mm512_setzero_ps();
     int g = 0;
     for (; g < nfull; ++g) {
-      if (prefetch) pf.advance(w + g * 144);
+      if (prefetch) pf.ahead_block<144>(w + g * 144);
       q4_0_group<NV>(w + g * 144, 8, xs, static_cast<size_t>(g) * kQ4_0XGroupBytes, ic0, ic1, isc, acc);
     }
     if (8 * g < nb) {
-      if (prefetch) pf.advance(w + g * 144);
+      if (prefetch) pf.ahead_block<144>(w + g * 144);
       q4_0_group<NV>(w + g * 144, nb - 8 * g, xs, static_cast<size_t>(g) * kQ4_0XGroupBytes, ic0, ic1, isc, acc);
     }
     rowred::store_sums(acc, NV, out + r, os);
@@ -937,7 +938,7 @@ struct Q8_0 {
 template <class T, int NV>
 void rows32(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
   const int nb = K / 32;
-  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * T::bytes, prefetch);
+  const StreamPrefetch<> pf(W, rows_stream_bytes(ld, nrows, static_cast<size_t>(nb) * T::bytes), prefetch);
   int r = 0;
   if constexpr (NV == 1) {
     // 4 rows at a time, as rows256
@@ -947,7 +948,7 @@ void rows32(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, floa
       for (int i = 0; i < 4; ++i) acc[i] = _mm512_setzero_ps();
       int b = 0;
       for (; b + 2 <= nb; b += 2) {
-        if (prefetch) pf.advance(w + 4 * b * T::bytes);
+        if (prefetch) pf.ahead_block<8 * T::bytes>(w + 4 * b * T::bytes);
         for (int i = 0; i < 4; ++i) T::template pair<1>(w + i * ld + b * T::bytes, xs, K, 32 * b, &acc[i]);
       }
       if (b < nb) {
@@ -962,7 +963,7 @@ void rows32(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, floa
     for (int j = 0; j < NV; ++j) acc[j] = _mm512_setzero_ps();
     int b = 0;
     for (; b + 2 <= nb; b += 2) {
-      if (prefetch) pf.advance(w + b * T::bytes);
+      if (prefetch) pf.ahead_block<2 * T::bytes>(w + b * T::bytes);
       T::template pair<NV>(w + b * T::bytes, xs, K, 32 * b, acc);
     }
     if (b < nb) T::template single<NV>(w + b * T::bytes, xs, K, 32 * b, acc);
@@ -1117,7 +1118,7 @@ struct Q6K {
 template <class T, int NV>
 void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
   const int nb = K / 256;
-  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(nb) * T::bytes, prefetch);
+  const StreamPrefetch<> pf(W, rows_stream_bytes(ld, nrows, static_cast<size_t>(nb) * T::bytes), prefetch);
   int r = 0;
   if constexpr (NV == 1) {
     // 4 rows at a time (their 4 streams advance together; x's loads are shared once inlined), summed
@@ -1128,7 +1129,7 @@ void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, flo
       __m256 off[4];
       for (int i = 0; i < 4; ++i) acc[i] = _mm512_setzero_ps(), off[i] = _mm256_setzero_ps();
       for (int b = 0; b < nb; ++b) {
-        if (prefetch) pf.advance(w + 4 * b * T::bytes);
+        if (prefetch) pf.ahead_block<4 * T::bytes>(w + 4 * b * T::bytes);
         if constexpr (T::kScalesX4) {
           __m512i sc[4];
           kquant_scales_x4(w + b * T::bytes, ld, sc);
@@ -1153,7 +1154,7 @@ void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, flo
     __m256 off[NV];
     for (int j = 0; j < NV; ++j) acc[j] = _mm512_setzero_ps(), off[j] = _mm256_setzero_ps();
     for (int b = 0; b < nb; ++b) {
-      if (prefetch) pf.advance(w + b * T::bytes);
+      if (prefetch) pf.ahead_block<T::bytes>(w + b * T::bytes);
       T::template block<NV>(w + b * T::bytes, xs, K, 256 * b, acc, off);
     }
     for (int j = 0; j < NV; ++j) {

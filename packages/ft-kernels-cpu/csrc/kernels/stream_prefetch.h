@@ -28,12 +28,12 @@
 // Two ways to walk a stream:
 //   StreamPrefetch        stateless, passed by const reference into the kernels: ahead(p) once per
 //                         64-byte line read at p (bf16, fp8_block, nvfp4, mxfp4, ds_fp4), or
-//                         ahead_block<N>(p) once per block of N bytes (the avx2 tier's ggml kernels:
-//                         4 blocks of Q4_0 or MXFP4, Q4_K, Q6_K).
+//                         ahead_block<N>(p) once per block of N bytes read at p (ggml's blocks:
+//                         4 blocks of Q4_0 or MXFP4, a super-block of Q4_K or Q6_K, 4 rows' worth).
 //   StreamPrefetchCursor  remembers the last line requested: advance(p) requests the lines up to
-//                         p + dist + 256 not requested yet once p + dist reaches them, for streams
-//                         read in blocks that are not whole lines and calls 256 bytes apart or more
-//                         (ggml's avx512_bf16 kernels over 4 rows at a time, the fp32 kernels).
+//                         p + dist + 256 not requested yet once p + dist reaches them; for calls a
+//                         fixed divisor of 256 bytes apart (ggml's fp16 rows), where its refill
+//                         branch keeps a period.
 #pragma once
 
 #include <algorithm>
@@ -204,10 +204,10 @@ struct StreamPrefetchCursor {
   // advance() requests a chunk of lines at a time: the lines up to p + dist + kChunk (two-level: and
   // up to p + near + kChunk into L1), then nothing until the read position's lead falls below the
   // distance (p >= trigger): one compare a call while nothing is due, where walking the fields (in
-  // memory: the cursor's address is taken) took ~25 scalar operations a call. Calls that come less
-  // than kChunk apart take the refill branch at a cadence the predictor misses (every 3.5 calls of
-  // 72 bytes): kernels that advance per small block use StreamPrefetch::ahead_block instead
-  // (docs/benchmarks.md, twentieth session).
+  // memory: the cursor's address is taken) took ~25 scalar operations a call. Calls whose spacing
+  // does not divide kChunk take the refill branch at a cadence the predictor misses (every 3 or 4
+  // calls of 72 bytes): block kernels use StreamPrefetch::ahead_block instead (docs/benchmarks.md,
+  // twentieth session).
   static constexpr size_t kChunk = 256;
   uintptr_t trigger = 0;  // advance(p) does nothing while p < trigger
   const char* next;       // first line not requested yet
