@@ -1,8 +1,8 @@
-// The request patterns of StreamPrefetchCursor and StreamPrefetch::ahead_block (packages/ft-kernels-cpu/
-// csrc/kernels/stream_prefetch.h),
-// compiled and run by test_stream_prefetch.py. A stream is read in blocks of `step` bytes and the
-// cursor advanced at each block's start, as the ggml kernels do; every request is traced
-// (FT_PREFETCH_TRACE) and checked against the contract, computed here from the addresses alone:
+// The request patterns of StreamPrefetchCursor and StreamPrefetch::ahead_block
+// (packages/ft-kernels-cpu/csrc/kernels/stream_prefetch.h), compiled and run by
+// test_stream_prefetch.py. A stream is read in blocks of `step` bytes and the cursor advanced at
+// each block's start; every request is traced (FT_PREFETCH_TRACE) and checked against the
+// contract, computed here from the addresses alone (ahead_block's: at run_block_case):
 //   - after advance(p), every line of the stream that starts below p + dist has been requested into
 //     the far level (L2 with two levels, else L1), and with two levels every line below p + near into
 //     L1; no line at or past p + lead + 256 + 64 is (the cursor asks for 256 bytes at a time);

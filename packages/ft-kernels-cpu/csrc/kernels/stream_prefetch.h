@@ -170,13 +170,13 @@ struct StreamPrefetch {
       if (n < end) prefetch_line<PrefetchHint::L1>(n);
     }
   }
-  // A block of N bytes read at p, for kernels whose blocks are not whole lines (ggml's 18, 68, 72,
-  // 210 bytes): ceil(N / 64) requests at p, p + 64, ..., each moved `dist` ahead. With the blocks
-  // read back to back, every line of the stream is requested (some twice), the same number of
-  // requests a block: no branch on how the lines fall. (A cursor that requested only the lines not
-  // requested yet, 256 bytes at a time, took its refill branch every 3.5 Q4_0 groups, which the
-  // predictor missed often enough to cost q4_0's avx2 rows ~15% on Zen 3; docs/benchmarks.md,
-  // twentieth session.)
+  // A block of N bytes read at p, for kernels whose blocks are not whole lines (ggml's blocks, 18 to
+  // 840 bytes a call): ceil(N / 64) requests at p, p + 64, ..., each moved `dist` ahead. With the
+  // blocks read back to back, every line of the stream is requested (some twice; a last partial
+  // line may not be), the same number of requests a block: no branch on how the lines fall. (A
+  // cursor that requested only the lines not requested yet took its refill branch every 3 or 4 Q4_0
+  // groups, which cost q4_0's avx2 rows 15-30% of their time from cache on Zen 3;
+  // docs/benchmarks.md, twentieth session.)
   template <int N>
   void ahead_block(const void* p) const {
     const char* q = static_cast<const char*>(p);
