@@ -364,8 +364,6 @@ void rows_pairs(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, 
   pairs::rows<NV>(P{W, ld, prefetch ? &pf : nullptr}, x, nrows, nb, out, os);
 }
 
-// Q4_K's rows per step for NV vectors: 4 rows side by side for one vector, 2 for two, else 1.
-constexpr int q4_k_rows_per_step(int nv) { return nv == 1 ? 4 : nv == 2 ? 2 : 1; }
 
 // The 8 6-bit scales (bytes 0..7) and mins (bytes 8..15) of a Q4_K/Q5_K super-block's 12 scale
 // bytes at s, as kquant_scale_min (16 bytes are read: the 4 after the scales are the block's next
@@ -420,71 +418,65 @@ inline const int16_t* kx_csum(const Q8Ref& x, int K) {
 // is set, l the element within the sub-block). q (unsigned, <= 31) times x (signed) by VPMADDUBSW
 // (pair sums <= 7874), by sc[s] (<= 63) and summed by VPMADDWD: |lane| <= 8 * 2 * 7874 * 63 over a
 // super-block. The min terms dmin m[s] times x's fp32 sums per sub-block, 8 at a time (one FNMADD per
-// super-block into the same accumulator). Rows [r, r + R) against NV vectors (R:
-// q4_k_rows_per_step; rows computed alone or in a group take the same operations).
-template <bool kQ5, int R, int NV>
-void qk45_step(const uint8_t* W, size_t ld, int r, int nb, const Q8Ref* xs, int K, float* out, int os,
-               const StreamPrefetch<>& pf) {
+// super-block into the same accumulator). Row r against NV vectors, one row at a time: on the 2-core
+// Zen 3, 4 rows side by side (4 interleaved streams) took twice as long from DRAM as from L3, one row
+// 1.4x, and 2 threads decoded gguf's batch 1 at 16-19 GB/s against 12-13 (batch 2: 12-13 against
+// 9-11 with 2 rows), while from L3 one row was as fast (docs/benchmarks.md, twentieth session).
+template <bool kQ5, int NV>
+void qk45_row(const uint8_t* W, size_t ld, int r, int nb, const Q8Ref* xs, int K, float* out, int os,
+              const StreamPrefetch<>& pf) {
   constexpr int kBytes = kQ5 ? 176 : 144, kQs = kQ5 ? 48 : 16;
   const __m256i m4 = _mm256_set1_epi8(15), m16 = _mm256_set1_epi8(16);
-  KAcc<NV> acc[R];
+  KAcc<NV> acc;
   for (int b = 0; b < nb; ++b) {
-    for (int i = 0; i < R; ++i) {
-      const uint8_t* p = W + (r + i) * ld + kBytes * b;
-      if (pf.dist) {
-        for (int o = 0; o < kBytes; o += 64) pf.ahead(p + o);
+    const uint8_t* p = W + r * ld + kBytes * b;
+    if (pf.dist) pf.ahead_block<kBytes>(p);
+    const __m128i sm = kquant_scale_min_x(p + 4);
+    const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));  // words sc[0..7], both lanes
+    const float d = _cvtsh_ss(load_u16(p));
+    const __m256 dm = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(load_u16(p + 2))),
+                                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
+    __m256i qh = _mm256_setzero_si256();
+    if constexpr (kQ5) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16));
+    __m256i isum[NV];
+    for (int h = 0; h < 4; ++h) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kQs + 32 * h));
+      __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      if constexpr (kQ5) {
+        // bits 2h and 2h + 1 of qh to bit 4 (word shifts: the bits they carry across bytes are
+        // outside bit 4)
+        auto bit4 = [&](int s) FT_TARGET_AVX2 {
+          const __m256i v = s <= 4 ? _mm256_slli_epi16(qh, 4 - s) : _mm256_srli_epi16(qh, s - 4);
+          return _mm256_and_si256(v, m16);
+        };
+        lo = _mm256_or_si256(lo, bit4(2 * h));
+        hi = _mm256_or_si256(hi, bit4(2 * h + 1));
       }
-      const __m128i sm = kquant_scale_min_x(p + 4);
-      const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));  // words sc[0..7], both lanes
-      const float d = _cvtsh_ss(load_u16(p));
-      const __m256 dm = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(load_u16(p + 2))),
-                                      _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
-      __m256i qh = _mm256_setzero_si256();
-      if constexpr (kQ5) qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16));
-      __m256i isum[NV];
-      for (int h = 0; h < 4; ++h) {
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kQs + 32 * h));
-        __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-        if constexpr (kQ5) {
-          // bits 2h and 2h + 1 of qh to bit 4 (word shifts: the bits they carry across bytes are
-          // outside bit 4)
-          auto bit4 = [&](int s) FT_TARGET_AVX2 {
-            const __m256i v = s <= 4 ? _mm256_slli_epi16(qh, 4 - s) : _mm256_srli_epi16(qh, s - 4);
-            return _mm256_and_si256(v, m16);
-          };
-          lo = _mm256_or_si256(lo, bit4(2 * h));
-          hi = _mm256_or_si256(hi, bit4(2 * h + 1));
-        }
-        const __m256i slo = _mm256_shuffle_epi8(sc, words_mask(2 * h, 2 * h));
-        const __m256i shi = _mm256_shuffle_epi8(sc, words_mask(2 * h + 1, 2 * h + 1));
-        for (int j = 0; j < NV; ++j) {
-          const uint8_t* xq = xs[j].q + 256 * b + 64 * h;
-          const __m256i t = _mm256_add_epi32(
-              _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq))), slo),
-              _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32))),
-                                shi));
-          isum[j] = h == 0 ? t : _mm256_add_epi32(isum[j], t);
-        }
-      }
+      const __m256i slo = _mm256_shuffle_epi8(sc, words_mask(2 * h, 2 * h));
+      const __m256i shi = _mm256_shuffle_epi8(sc, words_mask(2 * h + 1, 2 * h + 1));
       for (int j = 0; j < NV; ++j) {
-        const __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_set1_ps(d * kx_dx(xs[j], K)[b]),
-                                         acc[i].get(j));
-        acc[i].set(j, _mm256_fnmadd_ps(dm, _mm256_loadu_ps(kx_xsum(xs[j], K) + 8 * b), a));
+        const uint8_t* xq = xs[j].q + 256 * b + 64 * h;
+        const __m256i t = _mm256_add_epi32(
+            _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq))), slo),
+            _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32))),
+                              shi));
+        isum[j] = h == 0 ? t : _mm256_add_epi32(isum[j], t);
       }
     }
+    for (int j = 0; j < NV; ++j) {
+      const __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_set1_ps(d * kx_dx(xs[j], K)[b]),
+                                       acc.get(j));
+      acc.set(j, _mm256_fnmadd_ps(dm, _mm256_loadu_ps(kx_xsum(xs[j], K) + 8 * b), a));
+    }
   }
-  for (int i = 0; i < R; ++i)
-    for (int j = 0; j < NV; ++j) out[j * os + r + i] = hsum8(acc[i].get(j));
+  for (int j = 0; j < NV; ++j) out[j * os + r] = hsum8(acc.get(j));
 }
 
 template <bool kQ5, int NV>
 void rows_qk45(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
-  constexpr int R = q4_k_rows_per_step(NV);
   const int nb = K / 256;
   const StreamPrefetch<> pf(W, rows_stream_bytes(ld, nrows, static_cast<size_t>(nb) * (kQ5 ? 176 : 144)), prefetch);
-  int r = 0;
-  for (; r + R <= nrows; r += R) qk45_step<kQ5, R, NV>(W, ld, r, nb, xs, K, out, os, pf);
-  for (; r < nrows; ++r) qk45_step<kQ5, 1, NV>(W, ld, r, nb, xs, K, out, os, pf);
+  for (int r = 0; r < nrows; ++r) qk45_row<kQ5, NV>(W, ld, r, nb, xs, K, out, os, pf);
 }
 
 // Q6_K: per 128-element half h and l < 32, q[l] = ql[l] & 15 | (qh[l] & 3) << 4, q[l + 32] = ql[l +
