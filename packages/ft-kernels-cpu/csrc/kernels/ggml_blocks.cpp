@@ -80,14 +80,6 @@ inline void kquant_scale_min(const uint8_t* s, uint8_t* sc, uint8_t* mn) {
   }
 }
 
-// Software prefetch of one call's fp16 rows (contiguous when ld == row bytes), into L1: a cursor
-// (stream_prefetch.h), called every 16-128 bytes, a whole divisor of its 256-byte refills. The block
-// kernels request per block of 68-840 bytes with StreamPrefetch::ahead_block: a fixed number of
-// requests a block, where the cursor's refill branch, taken every 1-4 calls in a pattern of their
-// byte counts, was mispredicted often (docs/benchmarks.md, twentieth session).
-inline StreamPrefetchCursor rows_prefetch(const uint8_t* W, size_t ld, int nrows, size_t row_bytes, int d) {
-  return StreamPrefetchCursor(W, rows_stream_bytes(ld, nrows, row_bytes), d);
-}
 
 // ---- scalar tier: dequantize a block to fp32, then dot ----
 

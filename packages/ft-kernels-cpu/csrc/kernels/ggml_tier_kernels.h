@@ -241,13 +241,13 @@ void rows(const uint8_t* W, size_t ld, int nrows, const float* x, int K, float* 
 
 // fp16 rows: N elements at a time, a scalar tail.
 inline void rows_f16(const uint8_t* W, size_t ld, int nrows, const float* x, int K, float* out, int prefetch) {
-  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(K) * 2, prefetch);
+  const StreamPrefetch<> pf(W, rows_stream_bytes(ld, nrows, static_cast<size_t>(K) * 2), prefetch);
   for (int r = 0; r < nrows; ++r) {
     const uint8_t* w = W + r * ld;
     F a0 = V::zero(), a1 = a0, a2 = a0, a3 = a0;
     int k = 0;
     for (; k + 4 * N <= K; k += 4 * N) {
-      if (prefetch) pf.advance(w + 2 * k);
+      if (prefetch) pf.ahead_block<8 * N>(w + 2 * k);
       a0 = V::fma(V::f16x(w + 2 * k), V::lx(x + k), a0);
       a1 = V::fma(V::f16x(w + 2 * (k + N)), V::lx(x + k + N), a1);
       a2 = V::fma(V::f16x(w + 2 * (k + 2 * N)), V::lx(x + k + 2 * N), a2);
@@ -293,14 +293,14 @@ void multi(const uint8_t* W, size_t ld, int nrows, const float* const* xs, int n
 // fp16 rows times n vectors.
 inline void multi_f16(const uint8_t* W, size_t ld, int nrows, const float* const* xs, int n, int K, float* out,
                       int os, int prefetch) {
-  StreamPrefetchCursor pf = rows_prefetch(W, ld, nrows, static_cast<size_t>(K) * 2, prefetch);
+  const StreamPrefetch<> pf(W, rows_stream_bytes(ld, nrows, static_cast<size_t>(K) * 2), prefetch);
   for (int r = 0; r < nrows; ++r) {
     const uint8_t* w = W + r * ld;
     F acc[8];
     for (int j = 0; j < n; ++j) acc[j] = V::zero();
     int k = 0;
     for (; k + N <= K; k += N) {
-      if (prefetch) pf.advance(w + 2 * k);
+      if (prefetch && k % (4 * N) == 0) pf.ahead_block<8 * N>(w + 2 * k);  // a fixed period of 4
       const F wv = V::f16x(w + 2 * k);
       for (int j = 0; j < n; ++j) acc[j] = V::fma(wv, V::lx(xs[j] + k), acc[j]);
     }

@@ -25,15 +25,13 @@
 // the GPU machine's Xeon a probe of 16 threads reading 32-128 KiB units with ~16 cycles of compute per
 // line went from 0.81-0.91 to 0.87-0.96 of the read bandwidth (tools/stream_probe.cpp, `t0-cont`).
 //
-// Two ways to walk a stream:
-//   StreamPrefetch        stateless, passed by const reference into the kernels: ahead(p) once per
-//                         64-byte line read at p (bf16, fp8_block, nvfp4, mxfp4, ds_fp4), or
-//                         ahead_block<N>(p) once per block of N bytes read at p (ggml's blocks:
-//                         4 blocks of Q4_0 or MXFP4, a super-block of Q4_K or Q6_K, 4 rows' worth).
-//   StreamPrefetchCursor  remembers the last line requested: advance(p) requests the lines up to
-//                         p + dist + 256 not requested yet once p + dist reaches them; for calls a
-//                         fixed divisor of 256 bytes apart (ggml's fp16 rows), where its refill
-//                         branch keeps a period.
+// StreamPrefetch is stateless and passed by const reference into the kernels: ahead(p) once per
+// 64-byte line read at p (bf16, fp8_block, nvfp4, mxfp4, ds_fp4), or ahead_block<N>(p) once per
+// block of N bytes read at p (ggml's types: 4 blocks of Q4_0 or MXFP4, a super-block of Q4_K or Q6_K,
+// 4 rows' worth, fp16 runs). A stateful cursor that requested only the lines not requested yet was
+// removed in the twentieth session: its refill branch, taken at a cadence set by the block size, was
+// mispredicted often enough to cost q4_0's avx2 rows 15-30% of their time from cache on Zen 3
+// (docs/benchmarks.md).
 #pragma once
 
 #include <algorithm>
@@ -137,7 +135,9 @@ struct StreamPrefetch {
 
   StreamPrefetch() = default;
   // The stream [begin, begin + bytes); its first `dist` bytes are requested here, unless its
-  // predecessor in the chain requests them.
+  // predecessor in the chain requests them. A stream shorter than `dist` also requests its
+  // successor's first dist - bytes here: its own reads reach only that far into the successor, which
+  // skips its head.
   StreamPrefetch(const void* begin, size_t bytes, int d)
       : end(static_cast<const char*>(begin) + bytes),
         dist(d),
@@ -146,6 +146,9 @@ struct StreamPrefetch {
     const char* q = static_cast<const char*>(begin);
     if (chain_link(q, end, &succ, &succ_end)) q += dist > static_cast<int>(kWarmSlack) ? dist - kWarmSlack : 0;
     for (const char* e = std::min(end, static_cast<const char*>(begin) + dist); q < e; q += 64) far_line<Hint>(q);
+    if (succ && bytes < static_cast<size_t>(dist)) {
+      for (const char *s = succ, *e = std::min(succ_end, succ + (dist - bytes)); s < e; s += 64) far_line<Hint>(s);
+    }
   }
   // Called once per 64-byte line read at `p`: requests the line `dist` bytes ahead, within the stream
   // (and, two-level, the line `near` ahead into L1). H: the cache of the far line, the stream's own by
@@ -173,10 +176,7 @@ struct StreamPrefetch {
   // A block of N bytes read at p, for kernels whose blocks are not whole lines (ggml's blocks, 18 to
   // 840 bytes a call): ceil(N / 64) requests at p, p + 64, ..., each moved `dist` ahead. With the
   // blocks read back to back, every line of the stream is requested (some twice; a last partial
-  // line may not be), the same number of requests a block: no branch on how the lines fall. (A
-  // cursor that requested only the lines not requested yet took its refill branch every 3 or 4 Q4_0
-  // groups, which cost q4_0's avx2 rows 15-30% of their time from cache on Zen 3;
-  // docs/benchmarks.md, twentieth session.)
+  // line may not be), the same number of requests a block: no branch on how the lines fall.
   template <int N>
   void ahead_block(const void* p) const {
     const char* q = static_cast<const char*>(p);
@@ -197,84 +197,6 @@ struct StreamPrefetch {
     } else {
       prefetch_line<H>(q);
     }
-  }
-};
-
-struct StreamPrefetchCursor {
-  // advance() requests a chunk of lines at a time: the lines up to p + dist + kChunk (two-level: and
-  // up to p + near + kChunk into L1), then nothing until the read position's lead falls below the
-  // distance (p >= trigger): one compare a call while nothing is due, where walking the fields (in
-  // memory: the cursor's address is taken) took ~25 scalar operations a call. Calls whose spacing
-  // does not divide kChunk take the refill branch at a cadence the predictor misses (every 3 or 4
-  // calls of 72 bytes): block kernels use StreamPrefetch::ahead_block instead (docs/benchmarks.md,
-  // twentieth session).
-  static constexpr size_t kChunk = 256;
-  uintptr_t trigger = 0;  // advance(p) does nothing while p < trigger
-  const char* next;       // first line not requested yet
-  const char* next_near;  // two-level: first line not requested into L1 yet
-  const char* end;        // one past the last byte of the stream
-  int dist;               // bytes ahead; 0 disables (callers skip advance())
-  int near;               // two-level: the L1 prefetch's distance (0: one level, into L1)
-  const char* succ_next = nullptr;  // the chain's next stream (t_chain): first line not requested yet
-  const char* succ = nullptr;
-  const char* succ_end = nullptr;
-
-  // The stream [begin, begin + bytes); nothing is requested before the first advance(), which asks
-  // for the stream's first `dist` bytes (and more) at once, unless its predecessor in the chain
-  // requested them.
-  StreamPrefetchCursor(const void* begin, size_t bytes, int d)
-      : next(static_cast<const char*>(begin)),
-        next_near(next),
-        end(static_cast<const char*>(begin) + bytes),
-        dist(d),
-        near(near_distance(d)) {
-    if (!dist) return;
-    if (chain_link(next, end, &succ, &succ_end)) {
-      next = std::min(end, next + (dist > static_cast<int>(kWarmSlack) ? dist - kWarmSlack : 0));
-    }
-    succ_next = succ;
-  }
-  // Reading at `p`: requests every line not requested yet up to p + dist + kChunk (two-level: into
-  // L2, and those up to p + near + kChunk into L1), within the stream, and past its end within the
-  // chain's next one.
-  void advance(const void* p) {
-    if (__builtin_expect(reinterpret_cast<uintptr_t>(p) < trigger, 1)) return;
-    refill(static_cast<const char*>(p) + kChunk);
-  }
-
- private:
-  void refill(const char* at) {
-    if (succ && at + dist > end) {
-      const char* sl = std::min(succ_end, succ + (at + dist - end));
-      if (near) {
-        for (; succ_next < sl; succ_next += 64) prefetch_line<PrefetchHint::L2>(succ_next);
-      } else {
-        for (; succ_next < sl; succ_next += 64) prefetch_line(succ_next);
-      }
-    }
-    const char* lim = std::min(end, at + dist);
-    if (!near) {
-      for (; next < lim; next += 64) prefetch_line(next);
-    } else {
-      for (; next < lim; next += 64) prefetch_line<PrefetchHint::L2>(next);
-      const char* lim_near = std::min(end, at + near);
-      for (; next_near < lim_near; next_near += 64) prefetch_line(next_near);
-    }
-    // The next refill is due at the first read position p whose lead falls below the distance:
-    // p + dist > next, p + near > next_near, or past the end p + dist - end > succ_next - succ. The
-    // leads thus stay between the distance and the distance plus kChunk.
-    const uintptr_t never = ~uintptr_t{0};
-    auto due = [](const char* first_new, int lead) {
-      return reinterpret_cast<uintptr_t>(first_new) - static_cast<uintptr_t>(lead) + 1;
-    };
-    uintptr_t t = never;
-    if (next < end) {
-      t = due(next, dist);
-    } else if (succ && succ_next < succ_end) {
-      t = due(end + (succ_next - succ), dist);
-    }
-    if (near && next_near < end) t = std::min(t, due(next_near, near));
-    trigger = t;
   }
 };
 
