@@ -214,7 +214,7 @@ def test_many_tokens_on_few_experts(isa: str, gu: Q, dn: Q) -> None:
         ("avx2", Q.Q6_K, Q.Q5_K),
     ],
 )
-@pytest.mark.parametrize("T", [1, 8])
+@pytest.mark.parametrize("T", [1, 4, 8])
 def test_int8_paths_match_an_int8_emulation(isa: str, gu: Q, dn: Q, T: int) -> None:
     if isa not in TIERS:
         pytest.skip(f"no {isa} tier on this CPU")

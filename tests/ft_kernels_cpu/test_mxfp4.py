@@ -145,11 +145,13 @@ def check_against_int8_emulation(tier: str, group: int, T: int, H: int, I: int, 
 
 
 @pytest.mark.skipif("avx2" not in TIERS, reason="no AVX2 here")
-@pytest.mark.parametrize(("T", "H", "I"), [(1, 160, 96), (3, 96, 160), (8, 288, 64), (8, 1504, 64)])
+@pytest.mark.parametrize(
+    ("T", "H", "I"), [(1, 160, 96), (3, 96, 160), (4, 1504, 96), (8, 288, 64), (8, 1504, 64)]
+)
 def test_avx2_int8_path_matches_an_int8_emulation(T: int, H: int, I: int) -> None:
     # Blocks of 32: a wrong code order within a block (even / odd elements) or a wrong block scale
-    # fails it. T = 8 on all 4 experts with H = 1504 (47 blocks): calls of 8 vectors over rows of 11
-    # groups of 4 blocks and a 3-block tail.
+    # fails it. T = 4 or 8 on all 4 experts with H = 1504 (47 blocks): calls of 4 and 8 vectors
+    # (avx2_pairs.h's rows_by4) over rows of 11 groups of 4 blocks and a 3-block tail.
     check_against_int8_emulation("avx2", 32, T, H, I)
 
 

@@ -134,14 +134,16 @@ def test_many_tokens_on_few_experts(isa: str, H: int) -> None:
 
 
 @pytest.mark.skipif("avx2" not in TIERS, reason="no avx2 tier here")
+@pytest.mark.parametrize("T", [4, 8])
 @pytest.mark.parametrize("H", [160, 1504])
-def test_avx2_int8_path_matches_an_int8_emulation(H: int) -> None:
+def test_avx2_int8_path_matches_an_int8_emulation(H: int, T: int) -> None:
     # The sharp check (int8_error_bound is a worst case): x and h rounded per 32 in numpy exactly as
     # specified, so only fp32 accumulation, the bf16 output and h elements at a rounding boundary
-    # remain. 8 tokens on all 4 experts: calls of 8 vectors; H = 1504 (47 blocks): rows of 11 groups
-    # of 4 blocks and a 3-block tail (a whole pair, then a half one).
-    rng = np.random.default_rng(H)
-    E, I, T, top_k = 4, 96, 8, 4
+    # remain. T tokens on all 4 experts: calls of T vectors (4 and 8: avx2_pairs.h's rows_by4, one
+    # and two groups of four); H = 1504 (47 blocks): rows of 11 groups of 4 blocks and a 3-block tail
+    # (a whole pair, then a half one).
+    rng = np.random.default_rng([H, T])
+    E, I, top_k = 4, 96, 4
     banks, wref = make_layer(rng, E, H, I)
     x, ids, w = random_inputs(rng, T, H, top_k, E, x_scale=2.0)
     ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T, num_threads=2, isa="avx2")

@@ -543,6 +543,7 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8g(const uint8_t* W, const uint8_t* S, int 
 // The rows of one call (W, S) as avx2_pairs.h's block policy.
 struct Fp4Pairs {
   static constexpr int kOffset = 12;
+  static constexpr bool kScalePerBlock = true;
   const uint8_t* W;
   const uint8_t* S;
   int K;

@@ -262,6 +262,7 @@ namespace {
 // word blends of 16-byte loads (inside the 72 bytes of the 4 blocks) and one conversion.
 struct Q4_0Pairs {
   static constexpr int kOffset = 8;
+  static constexpr bool kScalePerBlock = true;
   const uint8_t* W;
   size_t ld;
   const StreamPrefetch<>* pf;  // nullptr: no software prefetch
@@ -311,6 +312,7 @@ struct Q4_0Pairs {
 // e = 0 and 1 the fp32 subnormals 2^-128 and 2^-127, 255 the finite 2^127 as ggml has it).
 struct Mxfp4Pairs {
   static constexpr int kOffset = 12;
+  static constexpr bool kScalePerBlock = true;
   const uint8_t* W;
   size_t ld;
   const StreamPrefetch<>* pf;
@@ -810,8 +812,8 @@ __attribute__((always_inline)) inline void q4_0_group_pair(const uint8_t* p0, co
 // R rows of one vector at once, whole groups of 8 blocks: x's record is loaded once for the R rows;
 // each row's arithmetic is exactly q4_0_group<1>'s.
 template <int R>
-__attribute__((always_inline)) inline void q4_0_group_rows(const uint8_t* const* p, const uint8_t* x, __m512i ic0,
-                                                           __m512i ic1, __m512i isc, __m512* acc) {
+__attribute__((always_inline)) inline void q4_0_group_rows(const uint8_t* const* p, const uint8_t* x, __m512i isc,
+                                                           __m512* acc) {
   const __m512i x0 = ld512(x), x1 = ld512(x + 64), x2 = ld512(x + 128), x3 = ld512(x + 192);
   const __m512i o0 = ld512(x + 256), o1 = ld512(x + 320);
   const __m512 dx = _mm512_set1_ps(load_f32(x + 384));
@@ -849,7 +851,7 @@ void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, f
         // the 4 rows' span read as one stream at 4 times the pace: requests stay in address order
         if (prefetch) pf.ahead_block<4 * 144>(w[0] + 4 * g * 144);
         const uint8_t* p[4] = {w[0] + g * 144, w[1] + g * 144, w[2] + g * 144, w[3] + g * 144};
-        q4_0_group_rows<4>(p, xs[0].q + static_cast<size_t>(g) * kQ4_0XGroupBytes, ic0, ic1, isc, acc);
+        q4_0_group_rows<4>(p, xs[0].q + static_cast<size_t>(g) * kQ4_0XGroupBytes, isc, acc);
       }
       if (8 * g < nb) {
         if (prefetch) pf.ahead_block<4 * 144>(w[0] + 4 * g * 144);

@@ -400,6 +400,8 @@ void q8nv_quantize(const float* v, int k0, int k1, uint8_t* dst) {
 #if FT_X86
 struct Nvfp4Pairs {
   static constexpr int kOffset = 12;
+  // two steps per block (16 elements each): rows_by4 does not apply
+  static constexpr bool kScalePerBlock = false;
   const uint8_t* W;
   const uint8_t* SC;
   size_t ldw, lds;
