@@ -183,13 +183,10 @@ FT_TARGET_AVX2 inline void rows_by4(const B& blk, const uint8_t* const* xs, int 
   }
 }
 
-// out[j * os + r] = row r . x_j for rows [0, nrows) of nb blocks and NV vectors (records xs[j]).
+// rows() with one chain per vector (the header's per-vector operations), for any NV.
 template <int NV, class B>
-FT_TARGET_AVX2 inline void rows(const B& blk, const uint8_t* const* xs, int nrows, int nb, float* out, int os) {
-  if constexpr (NV % 4 == 0 && B::kScalePerBlock) {
-    rows_by4<NV>(blk, xs, nrows, nb, out, os);
-    return;
-  }
+FT_TARGET_AVX2 inline void rows_chains(const B& blk, const uint8_t* const* xs, int nrows, int nb, float* out,
+                                       int os) {
   const __m256i ones = _mm256_set1_epi16(1);
   // One pair of row `r` against every vector: XL, XH, XO and DX are memory operands (L1).
   auto pair = [&](__m256i L, __m256i H, __m256 s, int p, __m256(&acc)[NV]) FT_TARGET_AVX2 {
@@ -237,6 +234,16 @@ FT_TARGET_AVX2 inline void rows(const B& blk, const uint8_t* const* xs, int nrow
       pair(L, H, blk.scales2(r, p, true), p, odd);
     }
     for (int j = 0; j < NV; ++j) out[j * os + r] = hsum8(A == 2 ? _mm256_add_ps(a0[j], a1[j]) : a0[j]);
+  }
+}
+
+// out[j * os + r] = row r . x_j for rows [0, nrows) of nb blocks and NV vectors (records xs[j]).
+template <int NV, class B>
+FT_TARGET_AVX2 inline void rows(const B& blk, const uint8_t* const* xs, int nrows, int nb, float* out, int os) {
+  if constexpr (NV % 4 == 0 && B::kScalePerBlock) {
+    rows_by4<NV>(blk, xs, nrows, nb, out, os);
+  } else {
+    rows_chains<NV>(blk, xs, nrows, nb, out, os);
   }
 }
 
