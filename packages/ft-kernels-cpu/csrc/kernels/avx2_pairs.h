@@ -87,12 +87,19 @@ enum class PairOrder { kHalves, kEvenOdd };
 // (int8_codes.h) per group of `group` elements (32, or 16 with kEvenOdd), the offset c.
 void quantize(const float* x, int k0, int k1, PairOrder order, int c, int group, void* base);
 
-// Per pair p and group q of four vectors (a, b, c, d), 64 bytes at (p * (NV / 4) + q) * 64 of `dst`:
-//   XO2: the records' XO summed as rows_by4 sums the products (unpack pairs, then quads)
-//   DXT: fp32 [dx_a dx_b dx_c dx_d] of block 2p, then of block 2p + 1
 FT_TARGET_AVX2 inline __m256i load256(const uint8_t* a) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
 }
+
+// What rows_by4 reads of NV records, built once per call into `dst`, kBy4Regs registers per pair p
+// and group q of four vectors (a, b, c, d) at (p * (NV / 4) + q) * kBy4Regs, in the order it reads
+// them:
+//   XO4: the records' XO summed as the products are (unpack pairs, then quads)
+//   DXT: fp32 [dx_a dx_b dx_c dx_d] of block 2p, then of block 2p + 1
+//   XL, XH of a, b, c, d: the records' codes, copied
+// The copy keeps what a row reads in one sequential run (20 KiB for 8 vectors of K = 2048), where
+// the records interleave each pair's codes with its XO and DX lines, which the loop does not read.
+constexpr int kBy4Regs = 10;
 
 template <int NV>
 FT_TARGET_AVX2 inline void derive_by4(const uint8_t* const* xs, int np, __m256i* dst) {
@@ -105,12 +112,16 @@ FT_TARGET_AVX2 inline void derive_by4(const uint8_t* const* xs, int np, __m256i*
         const __m256i oa = load256(x[2 * h] + 64), ob = load256(x[2 * h + 1] + 64);
         o[h] = _mm256_add_epi16(_mm256_unpacklo_epi16(oa, ob), _mm256_unpackhi_epi16(oa, ob));
       }
-      __m256i* d = dst + 2 * (static_cast<size_t>(p) * (NV / 4) + q);
-      d[0] = _mm256_add_epi16(_mm256_unpacklo_epi32(o[0], o[1]), _mm256_unpackhi_epi32(o[0], o[1]));
+      __m256i* d = dst + kBy4Regs * (static_cast<size_t>(p) * (NV / 4) + q);
+      _mm256_store_si256(d, _mm256_add_epi16(_mm256_unpacklo_epi32(o[0], o[1]), _mm256_unpackhi_epi32(o[0], o[1])));
       __m256 dx[4];
       for (int j = 0; j < 4; ++j) dx[j] = _mm256_loadu_ps(reinterpret_cast<const float*>(x[j] + 96));
       const __m256 ab = _mm256_unpacklo_ps(dx[0], dx[1]), cd = _mm256_unpacklo_ps(dx[2], dx[3]);
-      d[1] = _mm256_castpd_si256(_mm256_unpacklo_pd(_mm256_castps_pd(ab), _mm256_castps_pd(cd)));
+      _mm256_store_si256(d + 1, _mm256_castpd_si256(_mm256_unpacklo_pd(_mm256_castps_pd(ab), _mm256_castps_pd(cd))));
+      for (int j = 0; j < 4; ++j) {
+        _mm256_store_si256(d + 2 + 2 * j, load256(x[j]));
+        _mm256_store_si256(d + 3 + 2 * j, load256(x[j] + 32));
+      }
     }
   }
 }
@@ -121,7 +132,7 @@ FT_TARGET_AVX2 inline void rows_by4(const B& blk, const uint8_t* const* xs, int 
   constexpr int G = NV / 4;
   const int np = (nb + 1) / 2;
   static thread_local AlignedBuffer<uint8_t> scratch;
-  scratch.resize(static_cast<size_t>(np) * G * 64);
+  scratch.resize(static_cast<size_t>(np) * G * kBy4Regs * sizeof(__m256i));
   auto* derived = reinterpret_cast<__m256i*>(scratch.data());
   derive_by4<NV>(xs, np, derived);
   const __m256i ones = _mm256_set1_epi16(1);
@@ -129,22 +140,19 @@ FT_TARGET_AVX2 inline void rows_by4(const B& blk, const uint8_t* const* xs, int 
   const __m256i side =
       _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15));
   auto pair = [&](__m256i L, __m256i H, __m256 s, int p, __m256(&acc)[G]) FT_TARGET_AVX2 {
-    const __m256i* d = derived + 2 * static_cast<size_t>(p) * G;
     for (int q = 0; q < G; ++q) {
+      const __m256i* d = derived + kBy4Regs * (static_cast<size_t>(p) * G + q);
       __m256i two[2];
       for (int h = 0; h < 2; ++h) {
-        const uint8_t* xa = xs[4 * q + 2 * h] + static_cast<size_t>(p) * kPairBytes;
-        const uint8_t* xb = xs[4 * q + 2 * h + 1] + static_cast<size_t>(p) * kPairBytes;
-        const __m256i va =
-            _mm256_add_epi16(_mm256_maddubs_epi16(L, load256(xa)), _mm256_maddubs_epi16(H, load256(xa + 32)));
-        const __m256i vb =
-            _mm256_add_epi16(_mm256_maddubs_epi16(L, load256(xb)), _mm256_maddubs_epi16(H, load256(xb + 32)));
+        const __m256i* xa = d + 2 + 4 * h;  // XL, XH of vector 2h, then of 2h + 1
+        const __m256i va = _mm256_add_epi16(_mm256_maddubs_epi16(L, xa[0]), _mm256_maddubs_epi16(H, xa[1]));
+        const __m256i vb = _mm256_add_epi16(_mm256_maddubs_epi16(L, xa[2]), _mm256_maddubs_epi16(H, xa[3]));
         two[h] = _mm256_add_epi16(_mm256_unpacklo_epi16(va, vb), _mm256_unpackhi_epi16(va, vb));
       }
       const __m256i four = _mm256_sub_epi16(
-          _mm256_add_epi16(_mm256_unpacklo_epi32(two[0], two[1]), _mm256_unpackhi_epi32(two[0], two[1])), d[2 * q]);
+          _mm256_add_epi16(_mm256_unpacklo_epi32(two[0], two[1]), _mm256_unpackhi_epi32(two[0], two[1])), d[0]);
       const __m256i w = _mm256_madd_epi16(_mm256_shuffle_epi8(four, side), ones);
-      acc[q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(w), _mm256_mul_ps(s, _mm256_castsi256_ps(d[2 * q + 1])), acc[q]);
+      acc[q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(w), _mm256_mul_ps(s, _mm256_castsi256_ps(d[1])), acc[q]);
     }
   };
   for (int r = 0; r < nrows; ++r) {
