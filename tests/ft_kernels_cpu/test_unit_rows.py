@@ -176,8 +176,8 @@ def test_pool_profile_counts_runs_and_units(chain: str, monkeypatch: pytest.Monk
     ("fmt", "threads", "experts", "units2"),
     [
         ("mxfp4", 4, 8, 88),
-        ("mxfp4", 15, 8, 144),
-        ("mxfp4", 16, 8, 144),
+        ("mxfp4", 15, 8, 176),
+        ("mxfp4", 16, 8, 176),
         ("mxfp4", 16, 1, 32),
         ("mxfp4", 16, 3, 96),
         ("q4_0", 4, 8, 88),
@@ -190,12 +190,13 @@ def test_pass2_units_follow_the_groups_and_threads(
 ) -> None:
     # A pass-2 unit is one expert's block of output rows: 256 rows, halved while the run's experts
     # give fewer than 8 units per thread, never below the format's own rows (mxfp4 64, q4_0 16); the
-    # last expert's blocks come in quarters, else halves, where those keep to the format's rows.
-    # 2048 rows and 8 experts: 64 units of 256 rows fill 4 threads 16 times, the last expert's 8 in
-    # 32 quarters (88); 15 and 16 threads get 128 units of 128 rows, the last expert's 16 in 32
-    # halves for mxfp4 (144; quarters would be 32 rows) and 64 quarters for q4_0 (176). One expert
-    # stops at mxfp4's 64 rows (32 units, no halves), and so do 3 experts (96 units; 128 would need
-    # 32 rows); q4_0's one expert goes down to 16 rows (128 units, no parts).
+    # last expert's blocks come in quarters, else halves, where those keep to the format's rows, or
+    # to 32 rows where the blocks are larger than the format's rows. 2048 rows and 8 experts: 64
+    # units of 256 rows fill 4 threads 16 times, the last expert's 8 in 32 quarters (88); 15 and 16
+    # threads get 128 units of 128 rows, the last expert's 16 in 64 quarters of 32 rows (176). One
+    # expert stops at mxfp4's 64 rows (32 units, no halves: the blocks are the format's rows), and so
+    # do 3 experts (96 units; 128 would need 32 rows); q4_0's one expert goes down to 16 rows (128
+    # units, no parts).
     monkeypatch.delenv("FT_CPU_MOE_UNIT_ROWS", raising=False)
     act = "swigluoai" if fmt == "mxfp4" else "silu"
     shape = MoeShape(2048, 64, experts, experts, 1, act)

@@ -617,11 +617,14 @@ void MoeExecutor::run_locked(const ft_moe_task& task) {
   job.rows2 = L.rows2_fixed ? L.rows2 : pass2_rows_for(L.rows2, H, G, pool_.num_threads());
   job.nblk2 = (H + job.rows2 - 1) / job.rows2;
   // Quarters of the last group's blocks, else halves, where they keep to the format's unit rows
-  // (pass2_rows): quarters took q4_0's tail on 16 threads of the GPU machine's Xeon from 3.2-5.8 to
-  // 1.8-2.3 us a step in one VM (docs/benchmarks.md, nineteenth session).
+  // (pass2_rows), or to 32 rows where the blocks are above those (there are units enough, and the
+  // parts are only the run's tail): quarters took q4_0's tail on 16 threads of the GPU machine's Xeon
+  // from 3.2-5.8 to 1.8-2.3 us a step in one VM (docs/benchmarks.md, nineteenth session); the 32-row
+  // floor gives the formats of 64-row units (mxfp4, nvfp4, ds_fp4) quarters of 128-row blocks too.
   job.split2 = 1;
+  const int part_rows = job.rows2 > L.rows2 ? std::min(L.rows2, 32) : L.rows2;
   for (int parts : {4, 2}) {
-    if (!L.rows2_fixed && job.rows2 % (parts * L.rows2) == 0) {
+    if (!L.rows2_fixed && job.rows2 % (parts * part_rows) == 0) {
       job.split2 = parts;
       break;
     }
