@@ -48,7 +48,8 @@
 // weight scales by the four vectors' steps and one FMA: 56 operations (22 on the multiply pipes) for
 // 8 vectors against 70 (40). The int16 adds wrap modulo 2^16, so only the value where VPMADDWD widens
 // must fit: 16 products |(u - c) x| <= 12 * 127, 24384 < 32768. The steps and summed offsets of
-// four vectors are built once per call (derive_by4) from their records. Lane sums are exact integers,
+// four vectors are built once per call (derive_by4) from their records, next to a copy of their codes
+// in the order the loop reads them (one sequential run a row). Lane sums are exact integers,
 // so a row's result differs from the one-vector chain only by fp32 rounding, and each row still
 // takes the same operations in the same order for a given vector count.
 #pragma once
