@@ -88,6 +88,37 @@ enum class PairOrder { kHalves, kEvenOdd };
 // (int8_codes.h) per group of `group` elements (32, or 16 with kEvenOdd), the offset c.
 void quantize(const float* x, int k0, int k1, PairOrder order, int c, int group, void* base);
 
+// Row r's pairs of blocks in order, f(L, H, lane scales, pair, second): groups of 4 blocks (scales
+// of two pairs at once, one prefetch call; second = the group's second pair), then 1-3 blocks left:
+// a whole pair (second = false), then a half one (block 2p + 1's codes and scale zero; second = true).
+template <class B, class F>
+FT_TARGET_AVX2 inline void for_each_pair(const B& blk, int r, int nb, F&& f) {
+  int g = 0;
+  for (; 4 * g + 4 <= nb; ++g) {
+    blk.ahead(r, g);
+    __m256 s0, s1;
+    blk.scales4(r, g, s0, s1);
+    __m256i L, H;
+    blk.pair(r, 2 * g, L, H);
+    f(L, H, s0, 2 * g, false);
+    blk.pair(r, 2 * g + 1, L, H);
+    f(L, H, s1, 2 * g + 1, true);
+  }
+  int p = 2 * g;
+  if (4 * g < nb) blk.ahead(r, g);
+  if (2 * p + 2 <= nb) {
+    __m256i L, H;
+    blk.pair(r, p, L, H);
+    f(L, H, blk.scales2(r, p, false), p, false);
+    ++p;
+  }
+  if (2 * p < nb) {
+    __m256i L, H;
+    blk.half(r, p, L, H);
+    f(L, H, blk.scales2(r, p, true), p, true);
+  }
+}
+
 FT_TARGET_AVX2 inline __m256i load256(const uint8_t* a) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
 }
@@ -159,30 +190,9 @@ FT_TARGET_AVX2 inline void rows_by4(const B& blk, const uint8_t* const* xs, int 
   for (int r = 0; r < nrows; ++r) {
     __m256 acc[G];
     for (int q = 0; q < G; ++q) acc[q] = _mm256_setzero_ps();
-    int g = 0;
-    for (; 4 * g + 4 <= nb; ++g) {
-      blk.ahead(r, g);
-      __m256 s0, s1;
-      blk.scales4(r, g, s0, s1);
-      __m256i L, H;
-      blk.pair(r, 2 * g, L, H);
-      pair(L, H, s0, 2 * g, acc);
-      blk.pair(r, 2 * g + 1, L, H);
-      pair(L, H, s1, 2 * g + 1, acc);
-    }
-    int p = 2 * g;
-    if (4 * g < nb) blk.ahead(r, g);
-    if (2 * p + 2 <= nb) {
-      __m256i L, H;
-      blk.pair(r, p, L, H);
-      pair(L, H, blk.scales2(r, p, false), p, acc);
-      ++p;
-    }
-    if (2 * p < nb) {
-      __m256i L, H;
-      blk.half(r, p, L, H);
-      pair(L, H, blk.scales2(r, p, true), p, acc);
-    }
+    for_each_pair(blk, r, nb, [&](__m256i L, __m256i H, __m256 s, int p, bool) FT_TARGET_AVX2 {
+      pair(L, H, s, p, acc);
+    });
     // Lane j (block 2p's share) + lane j + 4 (block 2p + 1's) is vector 4q + j.
     for (int q = 0; q < G; ++q) {
       alignas(16) float f[4];
@@ -217,31 +227,9 @@ FT_TARGET_AVX2 inline void rows_chains(const B& blk, const uint8_t* const* xs, i
     __m256 a0[NV], a1[NV];
     for (int j = 0; j < NV; ++j) a0[j] = a1[j] = _mm256_setzero_ps();
     __m256(&odd)[NV] = A == 2 ? a1 : a0;
-    int g = 0;
-    for (; 4 * g + 4 <= nb; ++g) {
-      blk.ahead(r, g);
-      __m256 s0, s1;
-      blk.scales4(r, g, s0, s1);
-      __m256i L, H;
-      blk.pair(r, 2 * g, L, H);
-      pair(L, H, s0, 2 * g, a0);
-      blk.pair(r, 2 * g + 1, L, H);
-      pair(L, H, s1, 2 * g + 1, odd);
-    }
-    // 1-3 blocks left: a whole pair, then a half one.
-    int p = 2 * g;
-    if (4 * g < nb) blk.ahead(r, g);
-    if (2 * p + 2 <= nb) {
-      __m256i L, H;
-      blk.pair(r, p, L, H);
-      pair(L, H, blk.scales2(r, p, false), p, a0);
-      ++p;
-    }
-    if (2 * p < nb) {
-      __m256i L, H;
-      blk.half(r, p, L, H);
-      pair(L, H, blk.scales2(r, p, true), p, odd);
-    }
+    for_each_pair(blk, r, nb, [&](__m256i L, __m256i H, __m256 s, int p, bool second) FT_TARGET_AVX2 {
+      pair(L, H, s, p, second ? odd : a0);
+    });
     for (int j = 0; j < NV; ++j) out[j * os + r] = hsum8(A == 2 ? _mm256_add_ps(a0[j], a1[j]) : a0[j]);
   }
 }
