@@ -230,9 +230,8 @@ def test_avx2_int8_path_matches_an_int8_emulation(T: int, H: int, I: int) -> Non
     # group of 16 in numpy exactly as specified (helpers.int8_bounds.q8_emulate), so only fp32
     # accumulation, the bf16 output and h elements at a rounding boundary remain. A wrong code order
     # within a block (even / odd elements), a wrong group's scale or offset fails it. T = 4 and 8 on
-    # the 4 experts: calls of 4 and 8 vectors (nvfp4's two steps per block keep the per-vector chains
-    # of avx2_pairs.h, not rows_by4); H = 1504 (47 blocks) ends the rows in a 3-block tail (a whole
-    # pair, then a half one).
+    # the 4 experts: calls of 4 and 8 vectors (avx2_pairs.h's rows_by4 with two steps per block);
+    # H = 1504 (47 blocks) ends the rows in a 3-block tail (a whole pair, then a half one).
     rng = np.random.default_rng([T, H, I, 16])
     E, top_k = 4, 4
     banks = make_layer(rng, E, H, I)

@@ -37,8 +37,9 @@
 //   void ahead(int row, int g) const;                               prefetch hook, once per 4 blocks
 //   static constexpr bool kScalePerBlock;                           all 4 int32 lanes of a block take
 //                                                                    one weight scale and one x step
+//                                                                    (false: two steps, lanes 0-1 / 2-3)
 //
-// Four vectors at a time (NV a multiple of 4, kScalePerBlock): the per-vector chain above is 8
+// Four vectors at a time (NV a multiple of 4): the per-vector chain above is 8
 // operations (5 on the multiply pipes) per pair. rows_by4 instead sums each vector's VPMADDUBSW
 // pair sums across lanes, four vectors into one register, before converting: per vector 2 VPMADDUBSW
 // and a VPADDW; per two vectors VPUNPCKL/HWD and a VPADDW (lane i + lane i + 4: 8 products); per four
@@ -51,7 +52,10 @@
 // four vectors are built once per call (derive_by4) from their records, next to a copy of their codes
 // in the order the loop reads them (one sequential run a row). Lane sums are exact integers,
 // so a row's result differs from the one-vector chain only by fp32 rounding, and each row still
-// takes the same operations in the same order for a given vector count.
+// takes the same operations in the same order for a given vector count. With two steps per block
+// (nvfp4) the words are first interleaved (interleave_words) so that the sums keep the steps apart,
+// and the four vectors' sums widen by two VPMADDWD (even and odd words) into two registers, each
+// with its conversion, scale multiply and FMA: 62 operations a pair for 8 vectors.
 #pragma once
 
 #include <cstddef>
@@ -123,81 +127,133 @@ FT_TARGET_AVX2 inline __m256i load256(const uint8_t* a) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
 }
 
-// What rows_by4 reads of NV records, built once per call into `dst`, kBy4Regs registers per pair p
-// and group q of four vectors (a, b, c, d) at (p * (NV / 4) + q) * kBy4Regs, in the order it reads
-// them:
+// Within each 128-bit lane, words [0 1 2 3 4 5 6 7] -> [0 4 1 5 2 6 3 7]: rows_by4's sums end with
+// each vector's two halves apart ([a0 b0 c0 d0 a1 b1 c1 d1]), which this puts side by side. With two
+// steps per block (S16, 16 elements each: words 0-3 and 4-7 of each lane) it is applied first, to
+// the codes L, H and to x's XL, XH, XO alike, so that the sums keep the steps apart: a0 is then
+// vector a's first step and a1 its second.
+FT_TARGET_AVX2 inline __m256i interleave_words() {
+  return _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15));
+}
+
+// What rows_by4 reads of NV records, built once per call into `dst`, kBy4Regs<S16> registers per
+// pair p and group q of four vectors (a, b, c, d) at (p * (NV / 4) + q) * kBy4Regs<S16>, in the
+// order it reads them:
 //   XO4: the records' XO summed as the products are (unpack pairs, then quads)
-//   DXT: fp32 [dx_a dx_b dx_c dx_d] of block 2p, then of block 2p + 1
-//   XL, XH of a, b, c, d: the records' codes, copied
+//   one scale per block: DXT  fp32 [dx_a dx_b dx_c dx_d] of block 2p, then of block 2p + 1
+//   S16:                 DXE  fp32 [a c a c] of block 2p's steps 0 0 1 1, then of block 2p + 1's
+//                        DXO  the same for b and d
+//   XL, XH of a, b, c, d: the records' codes, copied (S16: words interleaved)
 // The copy keeps what a row reads in one sequential run (20 KiB for 8 vectors of K = 2048), where
 // the records interleave each pair's codes with its XO and DX lines, which the loop does not read.
-constexpr int kBy4Regs = 10;
+template <bool S16>
+constexpr int kBy4Regs = S16 ? 11 : 10;
 
-template <int NV>
+template <bool S16>
+FT_TARGET_AVX2 inline __m256i by4_order(__m256i v, __m256i il) {
+  return S16 ? _mm256_shuffle_epi8(v, il) : v;
+}
+
+template <int NV, bool S16>
 FT_TARGET_AVX2 inline void derive_by4(const uint8_t* const* xs, int np, __m256i* dst) {
+  const __m256i il = interleave_words();
   for (int p = 0; p < np; ++p) {
     for (int q = 0; q < NV / 4; ++q) {
       const uint8_t* x[4];
       for (int j = 0; j < 4; ++j) x[j] = xs[4 * q + j] + static_cast<size_t>(p) * kPairBytes;
       __m256i o[2];
       for (int h = 0; h < 2; ++h) {
-        const __m256i oa = load256(x[2 * h] + 64), ob = load256(x[2 * h + 1] + 64);
+        const __m256i oa = by4_order<S16>(load256(x[2 * h] + 64), il);
+        const __m256i ob = by4_order<S16>(load256(x[2 * h + 1] + 64), il);
         o[h] = _mm256_add_epi16(_mm256_unpacklo_epi16(oa, ob), _mm256_unpackhi_epi16(oa, ob));
       }
-      __m256i* d = dst + kBy4Regs * (static_cast<size_t>(p) * (NV / 4) + q);
+      __m256i* d = dst + kBy4Regs<S16> * (static_cast<size_t>(p) * (NV / 4) + q);
       _mm256_store_si256(d, _mm256_add_epi16(_mm256_unpacklo_epi32(o[0], o[1]), _mm256_unpackhi_epi32(o[0], o[1])));
       __m256 dx[4];
       for (int j = 0; j < 4; ++j) dx[j] = _mm256_loadu_ps(reinterpret_cast<const float*>(x[j] + 96));
-      const __m256 ab = _mm256_unpacklo_ps(dx[0], dx[1]), cd = _mm256_unpacklo_ps(dx[2], dx[3]);
-      _mm256_store_si256(d + 1, _mm256_castpd_si256(_mm256_unpacklo_pd(_mm256_castps_pd(ab), _mm256_castps_pd(cd))));
+      if constexpr (S16) {
+        // a record's lanes 0 and 2 of each half hold its block's two steps
+        for (int h = 0; h < 2; ++h) {
+          const __m256 lo = _mm256_unpacklo_ps(dx[h], dx[h + 2]), hi = _mm256_unpackhi_ps(dx[h], dx[h + 2]);
+          _mm256_store_si256(d + 1 + h,
+                             _mm256_castpd_si256(_mm256_unpacklo_pd(_mm256_castps_pd(lo), _mm256_castps_pd(hi))));
+        }
+      } else {
+        const __m256 ab = _mm256_unpacklo_ps(dx[0], dx[1]), cd = _mm256_unpacklo_ps(dx[2], dx[3]);
+        _mm256_store_si256(d + 1, _mm256_castpd_si256(_mm256_unpacklo_pd(_mm256_castps_pd(ab), _mm256_castps_pd(cd))));
+      }
+      __m256i* codes = d + (S16 ? 3 : 2);
       for (int j = 0; j < 4; ++j) {
-        _mm256_store_si256(d + 2 + 2 * j, load256(x[j]));
-        _mm256_store_si256(d + 3 + 2 * j, load256(x[j] + 32));
+        _mm256_store_si256(codes + 2 * j, by4_order<S16>(load256(x[j]), il));
+        _mm256_store_si256(codes + 2 * j + 1, by4_order<S16>(load256(x[j] + 32), il));
       }
     }
   }
 }
 
-// rows() for NV a multiple of 4 with one scale per block (the header's "Four vectors at a time").
+// rows() for NV a multiple of 4 (the header's "Four vectors at a time").
 template <int NV, class B>
 FT_TARGET_AVX2 inline void rows_by4(const B& blk, const uint8_t* const* xs, int nrows, int nb, float* out, int os) {
-  constexpr int G = NV / 4;
+  constexpr bool S16 = !B::kScalePerBlock;
+  constexpr int G = NV / 4, A = S16 ? 2 : 1;  // accumulators per group (S16: vectors a, c and b, d)
   const int np = (nb + 1) / 2;
   static thread_local AlignedBuffer<uint8_t> scratch;
-  scratch.resize(static_cast<size_t>(np) * G * kBy4Regs * sizeof(__m256i));
+  scratch.resize(static_cast<size_t>(np) * G * kBy4Regs<S16> * sizeof(__m256i));
   auto* derived = reinterpret_cast<__m256i*>(scratch.data());
-  derive_by4<NV>(xs, np, derived);
-  const __m256i ones = _mm256_set1_epi16(1);
-  // [a0 b0 c0 d0 a1 b1 c1 d1] (int16, each 128-bit lane) -> [a0 a1 b0 b1 c0 c1 d0 d1]
-  const __m256i side =
-      _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15));
-  auto pair = [&](__m256i L, __m256i H, __m256 s, int p, __m256(&acc)[G]) FT_TARGET_AVX2 {
+  derive_by4<NV, S16>(xs, np, derived);
+  const __m256i ones = _mm256_set1_epi16(1), il = interleave_words();
+  const __m256i even = _mm256_set1_epi32(1), odd = _mm256_set1_epi32(1 << 16);
+  auto pair = [&](__m256i L, __m256i H, __m256 s, int p, __m256(&acc)[G][A]) FT_TARGET_AVX2 {
+    if constexpr (S16) {
+      L = _mm256_shuffle_epi8(L, il);
+      H = _mm256_shuffle_epi8(H, il);
+    }
     for (int q = 0; q < G; ++q) {
-      const __m256i* d = derived + kBy4Regs * (static_cast<size_t>(p) * G + q);
+      const __m256i* d = derived + kBy4Regs<S16> * (static_cast<size_t>(p) * G + q);
+      const __m256i* codes = d + (S16 ? 3 : 2);
       __m256i two[2];
       for (int h = 0; h < 2; ++h) {
-        const __m256i* xa = d + 2 + 4 * h;  // XL, XH of vector 2h, then of 2h + 1
+        const __m256i* xa = codes + 4 * h;  // XL, XH of vector 2h, then of 2h + 1
         const __m256i va = _mm256_add_epi16(_mm256_maddubs_epi16(L, xa[0]), _mm256_maddubs_epi16(H, xa[1]));
         const __m256i vb = _mm256_add_epi16(_mm256_maddubs_epi16(L, xa[2]), _mm256_maddubs_epi16(H, xa[3]));
         two[h] = _mm256_add_epi16(_mm256_unpacklo_epi16(va, vb), _mm256_unpackhi_epi16(va, vb));
       }
       const __m256i four = _mm256_sub_epi16(
           _mm256_add_epi16(_mm256_unpacklo_epi32(two[0], two[1]), _mm256_unpackhi_epi32(two[0], two[1])), d[0]);
-      const __m256i w = _mm256_madd_epi16(_mm256_shuffle_epi8(four, side), ones);
-      acc[q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(w), _mm256_mul_ps(s, _mm256_castsi256_ps(d[1])), acc[q]);
+      if constexpr (S16) {
+        // words [a0 b0 c0 d0 a1 b1 c1 d1] of each block: a, c from the even words, b, d from the odd
+        const __m256i e = _mm256_madd_epi16(four, even), o = _mm256_madd_epi16(four, odd);
+        acc[q][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(e), _mm256_mul_ps(s, _mm256_castsi256_ps(d[1])), acc[q][0]);
+        acc[q][A - 1] =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(o), _mm256_mul_ps(s, _mm256_castsi256_ps(d[2])), acc[q][A - 1]);
+      } else {
+        const __m256i w = _mm256_madd_epi16(_mm256_shuffle_epi8(four, il), ones);  // [a b c d] of each block
+        acc[q][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(w), _mm256_mul_ps(s, _mm256_castsi256_ps(d[1])), acc[q][0]);
+      }
     }
   };
   for (int r = 0; r < nrows; ++r) {
-    __m256 acc[G];
-    for (int q = 0; q < G; ++q) acc[q] = _mm256_setzero_ps();
+    __m256 acc[G][A];
+    for (int q = 0; q < G; ++q)
+      for (int a = 0; a < A; ++a) acc[q][a] = _mm256_setzero_ps();
     for_each_pair(blk, r, nb, [&](__m256i L, __m256i H, __m256 s, int p, bool) FT_TARGET_AVX2 {
       pair(L, H, s, p, acc);
     });
-    // Lane j (block 2p's share) + lane j + 4 (block 2p + 1's) is vector 4q + j.
     for (int q = 0; q < G; ++q) {
-      alignas(16) float f[4];
-      _mm_store_ps(f, _mm_add_ps(_mm256_castps256_ps128(acc[q]), _mm256_extractf128_ps(acc[q], 1)));
-      for (int j = 0; j < 4; ++j) out[(4 * q + j) * os + r] = f[j];
+      alignas(16) float f[A][4];
+      for (int a = 0; a < A; ++a) {
+        // block 2p's lanes + block 2p + 1's; with S16 then step 0's + step 1's: [a c] and [b d]
+        __m128 t = _mm_add_ps(_mm256_castps256_ps128(acc[q][a]), _mm256_extractf128_ps(acc[q][a], 1));
+        if constexpr (S16) t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+        _mm_store_ps(f[a], t);
+      }
+      for (int j = 0; j < 4; ++j) {
+        if constexpr (S16) {
+          out[(4 * q + j) * os + r] = f[j % 2][j / 2];
+        } else {
+          out[(4 * q + j) * os + r] = f[0][j];
+        }
+      }
     }
   }
 }
@@ -237,7 +293,7 @@ FT_TARGET_AVX2 inline void rows_chains(const B& blk, const uint8_t* const* xs, i
 // out[j * os + r] = row r . x_j for rows [0, nrows) of nb blocks and NV vectors (records xs[j]).
 template <int NV, class B>
 FT_TARGET_AVX2 inline void rows(const B& blk, const uint8_t* const* xs, int nrows, int nb, float* out, int os) {
-  if constexpr (NV % 4 == 0 && B::kScalePerBlock) {
+  if constexpr (NV % 4 == 0) {
     rows_by4<NV>(blk, xs, nrows, nb, out, os);
   } else {
     rows_chains<NV>(blk, xs, nrows, nb, out, os);

@@ -400,7 +400,7 @@ void q8nv_quantize(const float* v, int k0, int k1, uint8_t* dst) {
 #if FT_X86
 struct Nvfp4Pairs {
   static constexpr int kOffset = 12;
-  // two steps per block (16 elements each): rows_by4 does not apply
+  // two steps per block (16 elements each): rows_by4 keeps them apart (avx2_pairs.h)
   static constexpr bool kScalePerBlock = false;
   const uint8_t* W;
   const uint8_t* SC;
