@@ -13,7 +13,7 @@ from helpers.checks import (
     run_many_tokens_on_few_experts,
 )
 from helpers.fp4_reference import dequant_fp4, random_fp4, random_scales
-from helpers.int8_bounds import int8_emulated_reference, int8_error_bound
+from helpers.int8_bounds import int8_emulated_reference, int8_error_bound, q8_emulate
 from helpers.kernel_variants import tier_fixture
 from helpers.moe_reference import (
     ACTIVATIONS,
@@ -365,3 +365,28 @@ def test_int8_codes_of_the_prep_match_numpy(n: int) -> None:
             got_amax, got = native._q8_codes(v.tobytes(), simd)
             assert got_amax == amax, (simd, v)
             np.testing.assert_array_equal(np.frombuffer(got, np.int8), want, err_msg=f"simd={simd}")
+
+
+@pytest.mark.skipif("avx512_bf16" not in TIERS, reason="no avx512_bf16 tier here")
+@pytest.mark.parametrize("K", [512, 768, 2880, 160])
+def test_avx512_bf16_rows_grouped_or_alone_give_the_same_bits(K: int) -> None:
+    # The one-vector step kernel runs rows 4 at a time and the rest one by one: a row's fp32 result
+    # must not depend on that (the executor's bits must not depend on thread count or unit sizes),
+    # and both must match float64 on the dequantized weights and x rounded as the kernel's int8 codes
+    # per 128. K = 768 / 2880 / 160 end in a partial group of 16 blocks (160: no whole group).
+    from ft_kernels_cpu._native import native
+
+    rng = np.random.default_rng(K)
+    rows = 11
+    blocks = random_fp4(rng, (rows, K // 32, 16))
+    scales = random_scales(rng, (rows, K // 32), 118, 125)
+    x = (2 * rng.standard_normal(K)).astype(np.float32)
+    args = (blocks.tobytes(), scales.tobytes(), x.tobytes(), K)
+    alone = np.frombuffer(native._mxfp4_q8_rows(*args, 1), np.float32)
+    grouped = np.frombuffer(native._mxfp4_q8_rows(*args, rows), np.float32)
+    np.testing.assert_array_equal(grouped, alone)
+    w = dequant_fp4(blocks, scales).astype(np.float64)  # [rows, K]
+    xe = q8_emulate(x, 128)
+    ref = w @ xe
+    bound = 2.0**-20 * (np.abs(w) @ np.abs(xe)) + 1e-30
+    assert np.all(np.abs(grouped - ref) <= bound), np.max(np.abs(grouped - ref) / bound)

@@ -4,11 +4,14 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <cstdint>
+#include <vector>
 
 #include "executor.h"
+#include "kernels/fp4_common.h"
 #include "kernels/int8_codes.h"
 #include "worker_pool.h"
 
@@ -70,6 +73,31 @@ PYBIND11_MODULE(_ft_kernels_cpu, m) {
         return py::make_tuple(amax, py::bytes(reinterpret_cast<const char*>(c), n));
       },
       py::arg("values"), py::arg("simd"));
+  m.def(
+      "_mxfp4_q8_rows",
+      [](const py::bytes& blocks, const py::bytes& scales, const py::bytes& x, int K, int rows_per_call) {
+        // mxfp4's avx512_bf16 one-vector row kernel (step records) on nrows rows of K, in calls of
+        // rows_per_call rows (the tests check that rows give the same fp32 bits however they are grouped).
+        const std::string w = blocks, s = scales, xv = x;
+        if (ft::cpu_best_isa() < ft::Isa::avx512_bf16) throw ft::Error("_mxfp4_q8_rows needs the avx512_bf16 tier");
+        if (K <= 0 || K % 32 != 0 || xv.size() != K * sizeof(float)) throw ft::Error("x must be K float32, K % 32 == 0");
+        const size_t nrows = w.size() / (K / 2);
+        if (w.size() != nrows * (K / 2) || s.size() != nrows * (K / 32)) throw ft::Error("blocks/scales sizes");
+        if (rows_per_call < 1) throw ft::Error("rows_per_call must be >= 1");
+        std::vector<float> xf(K), out(nrows);
+        std::memcpy(xf.data(), xv.data(), xv.size());
+        ft::AlignedBuffer<uint8_t> rec(ft::fp4::q8_vec_bytes(K));
+        ft::fp4::q8_prep_vec(xf.data(), 0, K, K, rec.data());
+        const void* xs[1] = {rec.data()};
+        const auto* wp = reinterpret_cast<const uint8_t*>(w.data());
+        const auto* sp = reinterpret_cast<const uint8_t*>(s.data());
+        for (size_t r = 0; r < nrows; r += rows_per_call) {
+          const int n = static_cast<int>(std::min<size_t>(rows_per_call, nrows - r));
+          ft::fp4::q8_dot_rows_multi(wp + r * (K / 2), sp + r * (K / 32), n, xs, 1, K, out.data() + r, 0, 0);
+        }
+        return py::bytes(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float));
+      },
+      py::arg("blocks"), py::arg("scales"), py::arg("x"), py::arg("K"), py::arg("rows_per_call"));
   m.def("cpu_amx_bf16", [] { return ft::cpu_amx_bf16(); });
   m.def("physical_cores", [] { return static_cast<int>(ft::physical_core_cpus().size()); });
 
