@@ -8,15 +8,24 @@ namespace ft {
 namespace fp4 {
 
 #if FT_X86
-// e8m0 scales of up to 16 blocks as fp32 lanes: s << 23 is 2^(s - 127) for s in [1, 254]; s = 0 is
-// the denormal 2^-127 (0x00400000), s = 255 NaN. Lanes past `n` read scale 0 (finite).
-FT_TARGET_AVX512 inline __m512 e8m0x16(const uint8_t* s, int n) {
-  const __mmask16 m = n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1u);
-  const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, s));
+// e8m0 scale bytes (one per dword lane) as fp32: s << 23 is 2^(s - 127) for s in [1, 254]; s = 0 is
+// the denormal 2^-127 (0x00400000), s = 255 NaN.
+FT_TARGET_AVX512 inline __m512 e8m0_lanes(__m512i b) {
   __m512i bits = _mm512_max_epu32(_mm512_slli_epi32(b, 23), _mm512_set1_epi32(0x00400000));
   bits = _mm512_mask_mov_epi32(bits, _mm512_cmpeq_epi32_mask(b, _mm512_set1_epi32(255)),
                                _mm512_set1_epi32(0x7fc00000));
   return _mm512_castsi512_ps(bits);
+}
+
+// e8m0 scales of up to 16 blocks as fp32 lanes (e8m0_lanes). Lanes past `n` are +0, not scale 0's
+// denormal: they meet the zero-padded end of x, and products with a denormal operand or result took
+// a microcode assist each on Zen 5 (without FTZ / DAZ, which the kernels leave off): a row of K = 768
+// (a partial group of 8 blocks) took 13.0 ns against 6.9 with the padding lanes zero
+// (docs/benchmarks.md, twenty-second session). A zero lane gives the same bits (0 * anything finite).
+FT_TARGET_AVX512 inline __m512 e8m0x16(const uint8_t* s, int n) {
+  if (n >= 16) return e8m0_lanes(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s))));
+  const __mmask16 m = static_cast<__mmask16>((1u << n) - 1u);
+  return _mm512_maskz_mov_ps(m, e8m0_lanes(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, s))));
 }
 
 // Scale of block 4u + m / 4 in lane m, from the 16 scales of e8m0x16.

@@ -444,15 +444,16 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8(const uint8_t* W, const uint8_t* S, int n
   }
 }
 
-// One step (4 blocks, `blocks` of them left in the rows) of R rows against one vector's record at x:
-// the record's three lines are loaded once for the R rows; each row's arithmetic is step_q8<1>'s.
-template <int R>
+// One step (4 blocks; with kPart, `blocks` < 4 of them left in the rows) of R rows against one
+// vector's record at x: the record's three lines are loaded once for the R rows; each row's
+// arithmetic is step_q8<1>'s.
+template <int R, bool kPart>
 FT_TARGET_AVX512_BF16 inline void step_q8_rows(const uint8_t* const* w, size_t wo, int blocks, const __m512* sx,
                                                __m512i idx, const uint8_t* x, __m512i lut, __m512* acc) {
   const __m512i x0 = _mm512_loadu_si512(x), x1 = _mm512_loadu_si512(x + 64), c = _mm512_loadu_si512(x + 128);
 #pragma GCC unroll 4
   for (int i = 0; i < R; ++i) {
-    const __m512i wv = load_blocks(w[i] + wo, blocks);
+    const __m512i wv = kPart ? load_blocks(w[i] + wo, blocks) : _mm512_loadu_si512(w[i] + wo);
     const __m512i lo = _mm512_permutexvar_epi8(wv, lut);
     const __m512i hi = _mm512_permutexvar_epi8(_mm512_srli_epi16(wv, 4), lut);
     const __m512i v = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(c, lo, x0), hi, x1);
@@ -493,17 +494,24 @@ FT_TARGET_AVX512_BF16 int dot_rows_q8_x4(const uint8_t* W, const uint8_t* S, int
         const size_t wo = 16 * static_cast<size_t>(b + 4 * u);
         // the 4 rows' span as one stream at 4 times the pace: requests stay in address order
         if (pf.w.dist) pf.w.ahead_range(w[0] + 4 * wo, 4 * 128);
-        step_q8_rows<4>(w, wo, 4, sx, idx[u], x + xo + u * kQ8StepBytes, lut, a0);
-        step_q8_rows<4>(w, wo + 64, 4, sx, idx[u + 1], x + xo + (u + 1) * kQ8StepBytes, lut, a1);
+        step_q8_rows<4, false>(w, wo, 4, sx, idx[u], x + xo + u * kQ8StepBytes, lut, a0);
+        step_q8_rows<4, false>(w, wo + 64, 4, sx, idx[u + 1], x + xo + (u + 1) * kQ8StepBytes, lut, a1);
       }
     }
-    if (b < nb) {
+    if (b < nb) {  // a last partial group: whole steps, then a partial one
       const __m512 dx = _mm512_loadu_ps(x + static_cast<size_t>(b / 16) * kQ8GroupBytes + 4 * kQ8StepBytes);
-      for (int i = 0; i < 4; ++i) sx[i] = _mm512_mul_ps(e8m0x16(s[i] + b, std::min(16, nb - b)), dx);
-      for (int u = 0; b + 4 * u < nb; ++u) {
+      for (int i = 0; i < 4; ++i) sx[i] = _mm512_mul_ps(e8m0x16(s[i] + b, nb - b), dx);
+      int u = 0;
+      for (; b + 4 * u + 4 <= nb; ++u) {
         const int bu = b + 4 * u;
         if (pf.w.dist) pf.w.ahead_range(w[0] + 4 * 16 * static_cast<size_t>(bu), 4 * 64);
-        step_q8_rows<4>(w, 16 * static_cast<size_t>(bu), nb - bu, sx, idx[u], x + q8_step_offset(bu / 4), lut, a0);
+        step_q8_rows<4, false>(w, 16 * static_cast<size_t>(bu), 4, sx, idx[u], x + q8_step_offset(bu / 4), lut, a0);
+      }
+      if (b + 4 * u < nb) {
+        const int bu = b + 4 * u;
+        if (pf.w.dist) pf.w.ahead_range(w[0] + 4 * 16 * static_cast<size_t>(bu), 4 * 64);
+        step_q8_rows<4, true>(w, 16 * static_cast<size_t>(bu), nb - bu, sx, idx[u], x + q8_step_offset(bu / 4), lut,
+                              a0);
       }
     }
     _mm_storeu_ps(out + r, rowred::hsum_x4(_mm512_add_ps(a0[0], a1[0]), _mm512_add_ps(a0[1], a1[1]),
