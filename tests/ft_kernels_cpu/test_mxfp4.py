@@ -369,11 +369,12 @@ def test_int8_codes_of_the_prep_match_numpy(n: int) -> None:
 
 @pytest.mark.skipif("avx512_bf16" not in TIERS, reason="no avx512_bf16 tier here")
 @pytest.mark.parametrize("K", [512, 768, 2880, 160])
-def test_avx512_bf16_rows_grouped_or_alone_give_the_same_bits(K: int) -> None:
-    # The one-vector step kernel runs rows 4 at a time and the rest one by one: a row's fp32 result
-    # must not depend on that (the executor's bits must not depend on thread count or unit sizes),
-    # and both must match float64 on the dequantized weights and x rounded as the kernel's int8 codes
-    # per 128. K = 768 / 2880 / 160 end in a partial group of 16 blocks (160: no whole group).
+def test_avx512_bf16_step_rows_match_float64_whatever_the_call(K: int) -> None:
+    # The one-vector step kernel on its own: each row's fp32 result must not depend on the rows
+    # called with it (the executor's bits must not depend on thread count or unit sizes), and must
+    # match float64 on the dequantized weights and x rounded as the kernel's int8 codes per 128.
+    # K = 768 / 2880 / 160 end in a partial group of 16 blocks (160: no whole group), whose lanes past
+    # the row's end take scale +0 (fp4_avx512.h's e8m0x16).
     from ft_kernels_cpu._native import native
 
     rng = np.random.default_rng(K)

@@ -77,7 +77,8 @@ PYBIND11_MODULE(_ft_kernels_cpu, m) {
       "_mxfp4_q8_rows",
       [](const py::bytes& blocks, const py::bytes& scales, const py::bytes& x, int K, int rows_per_call) {
         // mxfp4's avx512_bf16 one-vector row kernel (step records) on nrows rows of K, in calls of
-        // rows_per_call rows (the tests check that rows give the same fp32 bits however they are grouped).
+        // rows_per_call rows: fp32 results for the tests (against float64, and the same bits however
+        // the rows are called).
         const std::string w = blocks, s = scales, xv = x;
         if (ft::cpu_best_isa() < ft::Isa::avx512_bf16) throw ft::Error("_mxfp4_q8_rows needs the avx512_bf16 tier");
         if (K <= 0 || K % 32 != 0 || xv.size() != K * sizeof(float)) throw ft::Error("x must be K float32, K % 32 == 0");

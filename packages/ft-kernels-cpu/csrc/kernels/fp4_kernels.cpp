@@ -10,7 +10,6 @@
 #include "fp4_common.h"
 #include "int8_codes.h"
 #include "reduce_n.h"
-#include "row_reduce.h"
 #include "stream_prefetch.h"
 
 namespace ft {
@@ -439,85 +438,9 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8(const uint8_t* W, const uint8_t* S, int n
       }
     }
     for (int j = 0; j < NV; ++j) {
-      out[j * os + r] = rowred::hsum(kTwoSets ? _mm512_add_ps(a0[j], second[j]) : a0[j]);
+      out[j * os + r] = _mm512_reduce_add_ps(kTwoSets ? _mm512_add_ps(a0[j], second[j]) : a0[j]);
     }
   }
-}
-
-// One step (4 blocks; with kPart, `blocks` < 4 of them left in the rows) of R rows against one
-// vector's record at x: the record's three lines are loaded once for the R rows; each row's
-// arithmetic is step_q8<1>'s.
-template <int R, bool kPart>
-FT_TARGET_AVX512_BF16 inline void step_q8_rows(const uint8_t* const* w, size_t wo, int blocks, const __m512* sx,
-                                               __m512i idx, const uint8_t* x, __m512i lut, __m512* acc) {
-  const __m512i x0 = _mm512_loadu_si512(x), x1 = _mm512_loadu_si512(x + 64), c = _mm512_loadu_si512(x + 128);
-#pragma GCC unroll 4
-  for (int i = 0; i < R; ++i) {
-    const __m512i wv = kPart ? load_blocks(w[i] + wo, blocks) : _mm512_loadu_si512(w[i] + wo);
-    const __m512i lo = _mm512_permutexvar_epi8(wv, lut);
-    const __m512i hi = _mm512_permutexvar_epi8(_mm512_srli_epi16(wv, 4), lut);
-    const __m512i v = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(c, lo, x0), hi, x1);
-    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_permutexvar_ps(idx, sx[i]), acc[i]);
-  }
-}
-
-// One vector, rows 4 at a time, their sums by one transposed reduction; returns the rows done (a
-// multiple of 4; dot_rows_q8<1> takes the rest). With one vector the per-row work around the steps
-// (scales, the reduction) and x's loads weigh: at K = 768 (6 steps a row) dot_rows_q8<1> took 2.6x
-// the time per byte of K = 512 on Zen 5 (docs/benchmarks.md, twenty-second session). Each row's
-// arithmetic is exactly dot_rows_q8<1>'s: two chains, steps alternating within whole groups, a last
-// partial group on the first, the sum by rowred's tree.
-FT_TARGET_AVX512_BF16 int dot_rows_q8_x4(const uint8_t* W, const uint8_t* S, int nrows, const uint8_t* x, int K,
-                                         float* out, const Streams& pf) {
-  const __m512i lut = e2m1_u8_table();
-  const __m512i idx[4] = {scale_index(0), scale_index(1), scale_index(2), scale_index(3)};
-  const int nb = K / 32;
-  const size_t rb = static_cast<size_t>(K / 2);
-  int r = 0;
-  for (; r + 4 <= nrows; r += 4) {
-    const uint8_t* w[4];
-    const uint8_t* s[4];
-    for (int i = 0; i < 4; ++i) {
-      w[i] = W + static_cast<size_t>(r + i) * rb;
-      s[i] = S + static_cast<size_t>(r + i) * nb;
-    }
-    if (pf.s.dist) pf.s.ahead_range(s[0], 4 * static_cast<size_t>(nb));
-    __m512 a0[4], a1[4], sx[4];
-    for (int i = 0; i < 4; ++i) a0[i] = a1[i] = _mm512_setzero_ps();
-    int b = 0;
-    for (; b + 16 <= nb; b += 16) {
-      const __m512 dx = _mm512_loadu_ps(x + static_cast<size_t>(b / 16) * kQ8GroupBytes + 4 * kQ8StepBytes);
-      for (int i = 0; i < 4; ++i) sx[i] = _mm512_mul_ps(e8m0x16(s[i] + b, 16), dx);
-      const size_t xo = static_cast<size_t>(b / 16) * kQ8GroupBytes;
-#pragma GCC unroll 2
-      for (int u = 0; u < 4; u += 2) {
-        const size_t wo = 16 * static_cast<size_t>(b + 4 * u);
-        // the 4 rows' span as one stream at 4 times the pace: requests stay in address order
-        if (pf.w.dist) pf.w.ahead_range(w[0] + 4 * wo, 4 * 128);
-        step_q8_rows<4, false>(w, wo, 4, sx, idx[u], x + xo + u * kQ8StepBytes, lut, a0);
-        step_q8_rows<4, false>(w, wo + 64, 4, sx, idx[u + 1], x + xo + (u + 1) * kQ8StepBytes, lut, a1);
-      }
-    }
-    if (b < nb) {  // a last partial group: whole steps, then a partial one
-      const __m512 dx = _mm512_loadu_ps(x + static_cast<size_t>(b / 16) * kQ8GroupBytes + 4 * kQ8StepBytes);
-      for (int i = 0; i < 4; ++i) sx[i] = _mm512_mul_ps(e8m0x16(s[i] + b, nb - b), dx);
-      int u = 0;
-      for (; b + 4 * u + 4 <= nb; ++u) {
-        const int bu = b + 4 * u;
-        if (pf.w.dist) pf.w.ahead_range(w[0] + 4 * 16 * static_cast<size_t>(bu), 4 * 64);
-        step_q8_rows<4, false>(w, 16 * static_cast<size_t>(bu), 4, sx, idx[u], x + q8_step_offset(bu / 4), lut, a0);
-      }
-      if (b + 4 * u < nb) {
-        const int bu = b + 4 * u;
-        if (pf.w.dist) pf.w.ahead_range(w[0] + 4 * 16 * static_cast<size_t>(bu), 4 * 64);
-        step_q8_rows<4, true>(w, 16 * static_cast<size_t>(bu), nb - bu, sx, idx[u], x + q8_step_offset(bu / 4), lut,
-                              a0);
-      }
-    }
-    _mm_storeu_ps(out + r, rowred::hsum_x4(_mm512_add_ps(a0[0], a1[0]), _mm512_add_ps(a0[1], a1[1]),
-                                           _mm512_add_ps(a0[2], a1[2]), _mm512_add_ps(a0[3], a1[3])));
-  }
-  return r;
 }
 
 // ---- int8 activations in group records (q8g_*, fp4_common.h) ----
@@ -1054,13 +977,7 @@ void q8_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void
                        float* out, int os, int prefetch) {
 #if FT_X86
   q8_call(W, S, nrows, xs, n, K, prefetch, [&](auto nv, const uint8_t* const* xq, const Streams& pf) {
-    constexpr int NV = decltype(nv)::value;
-    int r = 0;
-    if constexpr (NV == 1) r = dot_rows_q8_x4(W, S, nrows, xq[0], K, out, pf);
-    if (r < nrows) {
-      dot_rows_q8<NV>(W + static_cast<size_t>(r) * (K / 2), S + static_cast<size_t>(r) * (K / 32), nrows - r, xq, K,
-                      out + r, os, pf);
-    }
+    dot_rows_q8<decltype(nv)::value>(W, S, nrows, xq, K, out, os, pf);
   });
 #else
   (void)W, (void)S, (void)nrows, (void)xs, (void)n, (void)K, (void)out, (void)os, (void)prefetch;
