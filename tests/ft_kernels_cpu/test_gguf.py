@@ -12,6 +12,7 @@ from gguf.constants import GGML_QUANT_SIZES  # noqa: E402
 from gguf.quants import dequantize, quantize  # noqa: E402
 
 import ft_kernels_cpu as fk
+from helpers.kernel_variants import tier_fixture
 from helpers.checks import (
     assert_bits_do_not_depend_on_thread_count,
     assert_close_to_reference,
@@ -21,6 +22,11 @@ from helpers.int8_bounds import int8_emulated_reference, int8_error_bound
 from helpers.moe_reference import ACTIVATIONS, BF16, moe_reference, one_token_on_expert_0, random_inputs
 
 TIERS = fk.isa_tiers()
+# Each tier; in avx512_bf16 also with FT_CPU_MOE_ROWS4_BYTES=0, so that the one-vector kernels read 4
+# rows side by side at every row length (by default only rows of 1024 bytes or more do).
+isa = tier_fixture(
+    "FT_CPU_MOE_ROWS4_BYTES", [(t, "", "") for t in TIERS] + [("avx512_bf16", "0", "")] * ("avx512_bf16" in TIERS)
+)
 TYPES = [Q.Q8_0, Q.Q4_0, Q.BF16, Q.F16, Q.MXFP4, Q.Q4_K, Q.Q6_K, Q.Q5_K]
 # Types gguf can quantize from floats; the K-quants are built byte by byte (random codes, valid scales).
 QUANTIZABLE = {Q.Q8_0, Q.Q4_0, Q.BF16, Q.F16, Q.MXFP4}
@@ -147,7 +153,6 @@ def reference_extra(isa, gu, dn, x, ids, w, wref, act, on_input, opts):
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("isa", TIERS)
 def test_each_type_matches_reference(isa: str, qtype: Q) -> None:
     run_case(isa, qtype, qtype, "silu", 3, [TIERS.index(isa), int(qtype)])
 
@@ -157,20 +162,17 @@ CASES = [(act, T) for act in ACTIVATIONS for T in ([1, 3, 8] if act == "silu" el
 
 
 @pytest.mark.parametrize(("act", "T"), CASES)
-@pytest.mark.parametrize("isa", TIERS)
 def test_activations_and_batches(isa: str, act: str, T: int) -> None:
     i = TIERS.index(isa) + ACTIVATIONS.index(act) + T
     gu, dn = PAIRS[i % len(PAIRS)]
     run_case(isa, gu, dn, act, T, [i, T, 17])
 
 
-@pytest.mark.parametrize("isa", TIERS)
 def test_biases_and_router_weight_on_input(isa: str) -> None:
     run_case(isa, Q.Q4_K, Q.Q6_K, "swigluoai", 3, 7, bias=True, opts={"alpha": 1.5, "limit": 2.0})
     run_case(isa, Q.Q8_0, Q.MXFP4, "silu", 3, 8, on_input=True)
 
 
-@pytest.mark.parametrize("isa", TIERS)
 def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
     rng = np.random.default_rng(3)
     E, H, I, top_k, T = 8, 512, 256, 6, 8
@@ -184,7 +186,6 @@ def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
 @pytest.mark.parametrize(
     ("gu", "dn"), [(Q.Q4_K, Q.Q6_K), (Q.Q8_0, Q.Q4_0), (Q.MXFP4, Q.Q5_K), (Q.BF16, Q.F16)]
 )
-@pytest.mark.parametrize("isa", TIERS)
 def test_many_tokens_on_few_experts(isa: str, gu: Q, dn: Q) -> None:
     rng = np.random.default_rng(13)
     E = 2
@@ -242,7 +243,6 @@ def test_int8_paths_match_an_int8_emulation(isa: str, gu: Q, dn: Q, T: int) -> N
     check(ex.run(0, x, ids, w), ref, scale, f"{gu.name}/{dn.name} T={T}", 1.01 * flip)
 
 
-@pytest.mark.parametrize("isa", TIERS)
 def test_mxfp4_extreme_e8m0_scales(isa: str) -> None:
     # ggml's MXFP4 scale is e8m0_half(e) = 2^(e - 128), e = 0 and 1 the fp32 subnormals 2^-128 and
     # 2^-127 and e = 255 the finite 2^127, not NaN (gguf.quants.dequantize agrees). Gate rows hold

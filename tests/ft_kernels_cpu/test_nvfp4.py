@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import ft_kernels_cpu as fk
+from helpers.kernel_variants import tier_fixture
 from helpers.checks import (
     assert_add_layer_refused,
     assert_bits_do_not_depend_on_thread_count,
@@ -20,6 +21,11 @@ from helpers.int8_bounds import block_amax, int8_emulated_reference
 from helpers.moe_reference import ACTIVATIONS, BF16, activation, bias_terms, moe_reference, random_inputs
 
 TIERS = fk.isa_tiers()
+# Each tier; in avx512_bf16 also with FT_CPU_MOE_ROWS4_BYTES=0, so that the one-vector kernels read 4
+# rows side by side at every row length (by default only rows of 1024 bytes or more do).
+isa = tier_fixture(
+    "FT_CPU_MOE_ROWS4_BYTES", [(t, "", "") for t in TIERS] + [("avx512_bf16", "0", "")] * ("avx512_bf16" in TIERS)
+)
 E4M3 = ml_dtypes.float8_e4m3fn
 E2M1 = ml_dtypes.float4_e2m1fn
 
@@ -150,20 +156,17 @@ def run_case(isa, act, T, rng, E=5, H=None, I=None, top_k=4, threads=2):
 
 @pytest.mark.parametrize("T", [1, 3, 8])
 @pytest.mark.parametrize("act", ACTIVATIONS)
-@pytest.mark.parametrize("isa", TIERS)
 def test_matches_float64_reference(isa: str, act: str, T: int) -> None:
     rng = np.random.default_rng([TIERS.index(isa), ACTIVATIONS.index(act), T, 4])
     run_case(isa, act, T, rng)
 
 
 @pytest.mark.parametrize(("H", "I"), [(16, 16), (272, 48), (528, 112), (2048, 96), (320, 64), (96, 224)])
-@pytest.mark.parametrize("isa", TIERS)
 def test_edge_shapes(isa: str, H: int, I: int) -> None:
     # One group per row; one 256-block plus a last group; two blocks plus 32 + 16; whole blocks.
     run_case(isa, "silu", 3, np.random.default_rng([H, I]), E=3, H=H, I=I, top_k=2)
 
 
-@pytest.mark.parametrize("isa", TIERS)
 def test_nan_scale_codes_give_nan(isa: str) -> None:
     # e4m3fn 0x7f and 0xff are NaN: a down row with one such group scale must give NaN in every tier
     # (the avx2 int8 path converts scales without a table, 8 at a time). I = 160 has 10 groups in 5
@@ -184,7 +187,6 @@ def test_nan_scale_codes_give_nan(isa: str) -> None:
             assert np.isnan(y).all(), f"{isa}: scale code {code:#x} in group {g} must give NaN"
 
 
-@pytest.mark.parametrize("isa", TIERS)
 def test_biases_and_swigluoai_options(isa: str) -> None:
     rng = np.random.default_rng(7)
     E, H, I = 4, 96, 48
@@ -197,7 +199,6 @@ def test_biases_and_swigluoai_options(isa: str) -> None:
     check(y, ref, scale, qerr, isa, int8_path(isa, H, I))
 
 
-@pytest.mark.parametrize("isa", TIERS)
 def test_router_weight_on_input(isa: str) -> None:
     rng = np.random.default_rng(11)
     E, H, I = 3, 64, 32
@@ -210,7 +211,6 @@ def test_router_weight_on_input(isa: str) -> None:
 
 
 @pytest.mark.parametrize(("H", "I", "seed"), [(304, 208, 3), (320, 224, 5)])
-@pytest.mark.parametrize("isa", TIERS)
 def test_bits_do_not_depend_on_thread_count(isa: str, H: int, I: int, seed: int) -> None:
     # 304 / 208: chunks of 32 ending in 16 (the avx2 tier's fp32 kernels); 320 / 224: multiples of 32
     # (its int8 path in both passes).
@@ -250,7 +250,6 @@ def test_avx2_int8_path_matches_an_int8_emulation(T: int, H: int, I: int) -> Non
     )
 
 
-@pytest.mark.parametrize("isa", TIERS)
 @pytest.mark.parametrize("H", [304, 1504])
 def test_many_tokens_on_few_experts(isa: str, H: int) -> None:
     # H = 1504 (47 blocks): calls of 8 vectors over rows of 11 groups of 4 blocks and a 3-block tail,

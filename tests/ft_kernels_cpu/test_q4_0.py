@@ -11,6 +11,7 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf.quants import dequantize, quantize  # noqa: E402
 
 import ft_kernels_cpu as fk
+from helpers.kernel_variants import tier_fixture
 from helpers.checks import (
     assert_bits_do_not_depend_on_thread_count,
     assert_close_to_reference,
@@ -20,6 +21,11 @@ from helpers.int8_bounds import int8_emulated_reference, int8_error_bound
 from helpers.moe_reference import ACTIVATIONS, BF16, moe_reference, random_inputs
 
 TIERS = fk.isa_tiers()
+# Each tier; in avx512_bf16 also with FT_CPU_MOE_ROWS4_BYTES=0, so that the one-vector kernels read 4
+# rows side by side at every row length (by default only rows of 1024 bytes or more do).
+isa = tier_fixture(
+    "FT_CPU_MOE_ROWS4_BYTES", [(t, "", "") for t in TIERS] + [("avx512_bf16", "0", "")] * ("avx512_bf16" in TIERS)
+)
 # silu at batch 1, 3 and 8; the other activations at batch 3.
 CASES = [(act, T) for act in ACTIVATIONS for T in ([1, 3, 8] if act == "silu" else [3])]
 
@@ -89,26 +95,22 @@ def reference_extra(isa, x, ids, w, wref, act, on_input, opts):
 
 
 @pytest.mark.parametrize(("act", "T"), CASES)
-@pytest.mark.parametrize("isa", TIERS)
 def test_matches_float64_reference(isa: str, act: str, T: int) -> None:
     run_case(isa, act, T, [TIERS.index(isa), ACTIVATIONS.index(act), T])
 
 
 @pytest.mark.parametrize("T", [1, 8])
-@pytest.mark.parametrize("isa", TIERS)
 def test_rows_of_several_groups(isa: str, T: int) -> None:
     # Whole groups of 8 blocks (256 elements, the int8 path's unit) and a partial last one, in both
     # passes: H = 2 * 256 + 32, I = 3 * 256 + 32 (pass-1 units of 256 rows, a shorter last one).
     run_case(isa, "silu", T, 21 + T, HI=(544, 800))
 
 
-@pytest.mark.parametrize("isa", TIERS)
 def test_biases_options_and_router_weight_on_input(isa: str) -> None:
     run_case(isa, "swigluoai", 3, 7, bias=True, opts={"alpha": 1.5, "limit": 2.0})
     run_case(isa, "silu", 3, 8, on_input=True)
 
 
-@pytest.mark.parametrize("isa", TIERS)
 def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
     rng = np.random.default_rng(3)
     E, H, I, top_k, T = 8, 320, 224, 6, 8
@@ -117,7 +119,6 @@ def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
     assert_bits_do_not_depend_on_thread_count(isa, "q4_0", banks, x, ids, w, num_experts=E, intermediate=I)
 
 
-@pytest.mark.parametrize("isa", TIERS)
 @pytest.mark.parametrize("H", [160, 1504])
 def test_many_tokens_on_few_experts(isa: str, H: int) -> None:
     # H = 1504 (47 blocks): calls of 8 vectors over rows of 11 groups of 4 blocks and a 3-block tail,

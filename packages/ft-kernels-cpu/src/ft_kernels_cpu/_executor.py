@@ -105,6 +105,11 @@ class MoeExecutor:
         lambda self: self._native.prefetch_l1_bytes,
         doc="L1 distance of the two-level prefetch (0: one level; $FT_CPU_MOE_PREFETCH_L1)",
     )
+    rows4_min_bytes = property(
+        lambda self: self._native.rows4_min_bytes,
+        doc="least row bytes for which one-vector int8 kernels read 4 rows side by side "
+        "($FT_CPU_MOE_ROWS4_BYTES, else 1024)",
+    )
 
     @property
     def layers(self) -> list[int]:
