@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 import ft_kernels_cpu as fk
-from helpers.kernel_variants import tier_fixture
 from helpers.checks import (
     assert_add_layer_refused,
     assert_bits_do_not_depend_on_thread_count,
@@ -18,14 +17,11 @@ from helpers.checks import (
 )
 from helpers.fp4_reference import random_e4m3_codes
 from helpers.int8_bounds import block_amax, int8_emulated_reference
+from helpers.kernel_variants import rows4_tier_fixture
 from helpers.moe_reference import ACTIVATIONS, BF16, activation, bias_terms, moe_reference, random_inputs
 
 TIERS = fk.isa_tiers()
-# Each tier; in avx512_bf16 also with FT_CPU_MOE_ROWS4_BYTES=0, so that the one-vector kernels read 4
-# rows side by side at every row length (by default only rows of 1024 bytes or more do).
-isa = tier_fixture(
-    "FT_CPU_MOE_ROWS4_BYTES", [(t, "", "") for t in TIERS] + [("avx512_bf16", "0", "")] * ("avx512_bf16" in TIERS)
-)
+isa = rows4_tier_fixture()
 E4M3 = ml_dtypes.float8_e4m3fn
 E2M1 = ml_dtypes.float4_e2m1fn
 

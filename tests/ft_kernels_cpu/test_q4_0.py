@@ -11,21 +11,17 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf.quants import dequantize, quantize  # noqa: E402
 
 import ft_kernels_cpu as fk
-from helpers.kernel_variants import tier_fixture
 from helpers.checks import (
     assert_bits_do_not_depend_on_thread_count,
     assert_close_to_reference,
     run_many_tokens_on_few_experts,
 )
 from helpers.int8_bounds import int8_emulated_reference, int8_error_bound
+from helpers.kernel_variants import rows4_tier_fixture
 from helpers.moe_reference import ACTIVATIONS, BF16, moe_reference, random_inputs
 
 TIERS = fk.isa_tiers()
-# Each tier; in avx512_bf16 also with FT_CPU_MOE_ROWS4_BYTES=0, so that the one-vector kernels read 4
-# rows side by side at every row length (by default only rows of 1024 bytes or more do).
-isa = tier_fixture(
-    "FT_CPU_MOE_ROWS4_BYTES", [(t, "", "") for t in TIERS] + [("avx512_bf16", "0", "")] * ("avx512_bf16" in TIERS)
-)
+isa = rows4_tier_fixture()
 # silu at batch 1, 3 and 8; the other activations at batch 3.
 CASES = [(act, T) for act in ACTIVATIONS for T in ([1, 3, 8] if act == "silu" else [3])]
 
