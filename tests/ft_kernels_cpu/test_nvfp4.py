@@ -17,11 +17,11 @@ from helpers.checks import (
 )
 from helpers.fp4_reference import random_e4m3_codes
 from helpers.int8_bounds import block_amax, int8_emulated_reference
-from helpers.kernel_variants import rows4_tier_fixture
+from helpers.kernel_variants import multirow_tier_fixture
 from helpers.moe_reference import ACTIVATIONS, BF16, activation, bias_terms, moe_reference, random_inputs
 
 TIERS = fk.isa_tiers()
-isa = rows4_tier_fixture()
+isa = multirow_tier_fixture()
 E4M3 = ml_dtypes.float8_e4m3fn
 E2M1 = ml_dtypes.float4_e2m1fn
 

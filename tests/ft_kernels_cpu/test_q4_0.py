@@ -17,11 +17,11 @@ from helpers.checks import (
     run_many_tokens_on_few_experts,
 )
 from helpers.int8_bounds import int8_emulated_reference, int8_error_bound
-from helpers.kernel_variants import rows4_tier_fixture
+from helpers.kernel_variants import multirow_tier_fixture
 from helpers.moe_reference import ACTIVATIONS, BF16, moe_reference, random_inputs
 
 TIERS = fk.isa_tiers()
-isa = rows4_tier_fixture()
+isa = multirow_tier_fixture()
 # silu at batch 1, 3 and 8; the other activations at batch 3.
 CASES = [(act, T) for act in ACTIVATIONS for T in ([1, 3, 8] if act == "silu" else [3])]
 

@@ -229,25 +229,25 @@ def test_bench_takes_a_list_of_formats_and_names_an_unknown_one(capsys: pytest.C
 
 @pytest.mark.parametrize("fmt", ["q4_0", "gguf", "nvfp4"])
 def test_rows_side_by_side_never_change_results(fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # One-vector int8 kernels read 4 rows side by side from FT_CPU_MOE_ROWS4_BYTES bytes a row on
+    # One-vector int8 kernels read 4 rows side by side from FT_CPU_MOE_MULTIROW_BYTES bytes a row on
     # (this shape's rows are shorter than the default 1024): 0 (always) and 1048576 (never) must give
     # the default's bits.
-    monkeypatch.delenv("FT_CPU_MOE_ROWS4_BYTES", raising=False)
+    monkeypatch.delenv("FT_CPU_MOE_MULTIROW_BYTES", raising=False)
     want = run_format(fmt, threads=1)
     for value in ("0", "1048576"):
-        monkeypatch.setenv("FT_CPU_MOE_ROWS4_BYTES", value)
-        np.testing.assert_array_equal(run_format(fmt, threads=2), want, err_msg=f"{fmt}, rows4 bytes {value}")
+        monkeypatch.setenv("FT_CPU_MOE_MULTIROW_BYTES", value)
+        np.testing.assert_array_equal(run_format(fmt, threads=2), want, err_msg=f"{fmt}, multirow bytes {value}")
 
 
 @pytest.mark.parametrize("value", ["abc", "-1", "1048577", "1k", "12.5"])
-def test_rows4_variable_is_checked(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FT_CPU_MOE_ROWS4_BYTES", value)
-    with pytest.raises(ValueError, match=r"FT_CPU_MOE_ROWS4_BYTES='.*' must be an integer number of bytes"):
+def test_multirow_variable_is_checked(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FT_CPU_MOE_MULTIROW_BYTES", value)
+    with pytest.raises(ValueError, match=r"FT_CPU_MOE_MULTIROW_BYTES='.*' must be an integer number of bytes"):
         fk.MoeExecutor(64, 2, max_tokens=1)
 
 
-def test_rows4_default_and_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("FT_CPU_MOE_ROWS4_BYTES", raising=False)
-    assert fk.MoeExecutor(64, 2, max_tokens=1).rows4_min_bytes == 1024
-    monkeypatch.setenv("FT_CPU_MOE_ROWS4_BYTES", "0")
-    assert fk.MoeExecutor(64, 2, max_tokens=1).rows4_min_bytes == 0
+def test_multirow_default_and_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FT_CPU_MOE_MULTIROW_BYTES", raising=False)
+    assert fk.MoeExecutor(64, 2, max_tokens=1).multirow_min_bytes == 1024
+    monkeypatch.setenv("FT_CPU_MOE_MULTIROW_BYTES", "0")
+    assert fk.MoeExecutor(64, 2, max_tokens=1).multirow_min_bytes == 0

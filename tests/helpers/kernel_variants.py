@@ -28,14 +28,14 @@ def tier_fixture(env_name: str, variants: list[Variant]):
     return isa
 
 
-def rows4_tier_fixture():
+def multirow_tier_fixture():
     """A tier fixture for the formats with 4-row one-vector kernels (q4_0, gguf, nvfp4): every tier,
-    and avx512_bf16 once more with FT_CPU_MOE_ROWS4_BYTES=0, so that those kernels read 4 rows side by
+    and avx512_bf16 once more with FT_CPU_MOE_MULTIROW_BYTES=0, so that those kernels read 4 rows side by
     side at every row length (by default only rows of 1024 bytes or more do, longer than most test
     shapes' rows)."""
     tiers = fk.isa_tiers()
     variants = [(t, "", "") for t in tiers] + [("avx512_bf16", "0", "")] * ("avx512_bf16" in tiers)
-    return tier_fixture("FT_CPU_MOE_ROWS4_BYTES", variants)
+    return tier_fixture("FT_CPU_MOE_MULTIROW_BYTES", variants)
 
 
 def current_variant(env_name: str, tier: str) -> Variant:

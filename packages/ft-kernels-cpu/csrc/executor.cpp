@@ -64,7 +64,7 @@ struct MoeJob final : PoolJob {
   size_t scratch_stride = 0;
 
   int prefetch_near = 0;  // MoeExecutor::prefetch_l1_bytes, for this run's kernels (stream_prefetch.h)
-  int rows4_min_bytes = kRows4MinBytes;  // MoeExecutor::rows4_min_bytes (stream_prefetch.h's rows4)
+  int multirow_min_bytes = kMultirowMinBytes;  // MoeExecutor::multirow_min_bytes (stream_prefetch.h's multirow)
   bool chain = false;     // chain each worker's weight streams across its units (MoeExecutor::chain_streams)
   struct alignas(64) Links {
     uint64_t v = 0;
@@ -73,7 +73,7 @@ struct MoeJob final : PoolJob {
 
   void run_unit(uint32_t u, uint32_t next, bool claimed_ahead, int worker) override {
     t_prefetch_near = prefetch_near;
-    t_rows4_min_bytes = rows4_min_bytes;
+    t_multirow_min_bytes = multirow_min_bytes;
     if (chain) {
       // This unit's weight streams, then the next one's: each stream's prefetch runs on into the next
       StreamChain& c = t_chain;
@@ -316,17 +316,17 @@ static int resolve_prefetch_l1(int threads) {
   return env_prefetch("FT_CPU_MOE_PREFETCH_L1", default_prefetch_l1(threads, false));
 }
 
-// $FT_CPU_MOE_ROWS4_BYTES: the least row bytes for which one-vector int8 kernels read 4 rows side by
-// side (stream_prefetch.h's rows4), an integer in [0, 1048576] (0: always; above any row: never),
-// else kRows4MinBytes. A knob for measuring it on a machine.
-static int parse_rows4_bytes() {
-  const char* env = std::getenv("FT_CPU_MOE_ROWS4_BYTES");
-  if (env == nullptr || *env == '\0') return kRows4MinBytes;
+// $FT_CPU_MOE_MULTIROW_BYTES: the least row bytes for which int8 kernels read several rows side by side
+// (stream_prefetch.h's multirow), an integer in [0, 1048576] (0: always; above any row: never), else
+// kMultirowMinBytes. A knob for measuring it on a machine.
+static int parse_multirow_bytes() {
+  const char* env = std::getenv("FT_CPU_MOE_MULTIROW_BYTES");
+  if (env == nullptr || *env == '\0') return kMultirowMinBytes;
   char* end = nullptr;
   const long v = std::strtol(env, &end, 10);
   if (end == env || *end != '\0' || v < 0 || v > (1 << 20)) {
-    throw Error(std::string("FT_CPU_MOE_ROWS4_BYTES='") + env +
-                "' must be an integer number of bytes in [0, 1048576] (the least row bytes for 4 rows side by side)");
+    throw Error(std::string("FT_CPU_MOE_MULTIROW_BYTES='") + env +
+                "' must be an integer number of bytes in [0, 1048576] (the least row bytes for rows side by side)");
   }
   return static_cast<int>(v);
 }
@@ -390,7 +390,7 @@ MoeExecutor::MoeExecutor(int hidden, int top_k, int max_tokens, int num_threads,
   prefetch_l1_explicit_ = env_set("FT_CPU_MOE_PREFETCH_L1");
   parse_unit_rows(&unit_rows1_, &unit_rows2_);
   chain_streams_ = parse_chain();
-  rows4_min_bytes_ = parse_rows4_bytes();
+  multirow_min_bytes_ = parse_multirow_bytes();
   job_->links = std::make_unique<MoeJob::Links[]>(pool_.num_threads());
   if (hidden <= 0) throw Error("hidden must be > 0, got " + std::to_string(hidden));
   if (top_k <= 0 || top_k > kMaxTopK) {
@@ -567,7 +567,7 @@ void MoeExecutor::run_locked(const ft_moe_task& task) {
   job.on_input = L.params.router_weight_on_input;
   job.rows1 = L.rows1;
   job.prefetch_near = L.prefetch_l1;
-  job.rows4_min_bytes = rows4_min_bytes_;
+  job.multirow_min_bytes = multirow_min_bytes_;
   job.chain = chain_streams_ && L.prefetch[0] > 0;
   job.prep_rows = L.prep_rows;
 

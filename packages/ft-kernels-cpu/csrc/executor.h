@@ -63,9 +63,9 @@ class MoeExecutor {
   // software prefetch in any call 0 (layer_prefetch_l1_bytes).
   int prefetch_l1_bytes() const { return prefetch_l1_; }
   int layer_prefetch_l1_bytes(int layer) const;
-  // The least row bytes for which one-vector int8 kernels read 4 rows side by side
-  // ($FT_CPU_MOE_ROWS4_BYTES, else stream_prefetch.h's kRows4MinBytes).
-  int rows4_min_bytes() const { return rows4_min_bytes_; }
+  // The least row bytes for which int8 kernels read several rows side by side
+  // ($FT_CPU_MOE_MULTIROW_BYTES, else stream_prefetch.h's kMultirowMinBytes).
+  int multirow_min_bytes() const { return multirow_min_bytes_; }
   std::vector<int> layers() const;
   std::string layer_format(int layer) const;
 
@@ -94,7 +94,7 @@ class MoeExecutor {
   bool prefetch_l1_explicit_ = false;  // $FT_CPU_MOE_PREFETCH_L1 set
   int unit_rows1_ = 0, unit_rows2_ = 0;  // $FT_CPU_MOE_UNIT_ROWS overrides (0: the format's)
   bool chain_streams_ = true;            // $FT_CPU_MOE_CHAIN (stream_prefetch.h's StreamChain)
-  int rows4_min_bytes_ = 0;              // $FT_CPU_MOE_ROWS4_BYTES (stream_prefetch.h's rows4)
+  int multirow_min_bytes_ = 0;              // $FT_CPU_MOE_MULTIROW_BYTES (stream_prefetch.h's multirow)
   WorkerPool pool_;
   std::map<int, Layer> layers_;
   std::unique_ptr<MoeJob> job_;

@@ -196,7 +196,7 @@ PYBIND11_MODULE(_ft_kernels_cpu, m) {
       .def_property_readonly("num_threads", &MoeExecutor::num_threads)
       .def_property_readonly("prefetch_bytes", &MoeExecutor::prefetch_bytes)
       .def_property_readonly("prefetch_l1_bytes", &MoeExecutor::prefetch_l1_bytes)
-      .def_property_readonly("rows4_min_bytes", &MoeExecutor::rows4_min_bytes)
+      .def_property_readonly("multirow_min_bytes", &MoeExecutor::multirow_min_bytes)
       .def("layer_prefetch_bytes", &MoeExecutor::layer_prefetch_bytes, py::arg("layer"), py::arg("vectors") = 1)
       .def("layer_prefetch_l1_bytes", &MoeExecutor::layer_prefetch_l1_bytes, py::arg("layer"))
       .def_property_readonly("isa", [](const MoeExecutor& ex) { return std::string(ft::isa_name(ex.isa())); });

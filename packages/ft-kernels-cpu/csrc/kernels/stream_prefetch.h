@@ -69,16 +69,17 @@ inline void prefetch_line(const char* q) {
 inline thread_local int t_prefetch_near = 0;
 inline int near_distance(int dist) { return t_prefetch_near > 0 && dist > t_prefetch_near ? t_prefetch_near : 0; }
 
-// The least bytes a row must have for the one-vector int8 kernels of the avx512_bf16 tier (q4_0 and
-// ggml's types, nvfp4) to read 4 rows side by side (x's loads shared by the 4); shorter rows are read
-// one at a time. On a 2-core Zen 5 the 4 streams of short rows came from DRAM slower than one
-// (qwen3-30b-a3b's down rows of 432-630 bytes: pass 2 of a step 7-15% longer with 2 threads, gguf's
-// Q6_K rows 311 against 266 us), while rows of 1152 bytes gained (q4_0's gate/up rows: 428 against
-// 464 us; docs/benchmarks.md, twenty-second session). The executor sets it for every unit it runs
-// (MoeExecutor::rows4_min_bytes, $FT_CPU_MOE_ROWS4_BYTES); outside the executor the default holds.
-constexpr int kRows4MinBytes = 1024;
-inline thread_local int t_rows4_min_bytes = kRows4MinBytes;
-inline bool rows4(size_t row_bytes) { return row_bytes >= static_cast<size_t>(t_rows4_min_bytes); }
+// The least bytes a row must have for the int8 kernels of the avx512_bf16 tier to read several rows
+// side by side, sharing x's loads: 4 rows in one-vector calls (q4_0 and ggml's types, nvfp4), 2 rows
+// in calls of several vectors (q4_0, nvfp4); shorter rows are read one at a time. On a 2-core Zen 5
+// several streams of short rows came from DRAM slower than one (qwen3-30b-a3b's down rows of 432-630
+// bytes with 2 threads: gguf's Q6_K rows 311 against 266 us a step, q4_0's pass 2 at batch 8 581
+// against 421), while rows of 1152 bytes gained (q4_0's gate/up rows, one vector: 428 against 464 us;
+// docs/benchmarks.md, twenty-second session). The executor sets it for every unit it runs
+// (MoeExecutor::multirow_min_bytes, $FT_CPU_MOE_MULTIROW_BYTES); outside the executor the default holds.
+constexpr int kMultirowMinBytes = 1024;
+inline thread_local int t_multirow_min_bytes = kMultirowMinBytes;
+inline bool multirow(size_t row_bytes) { return row_bytes >= static_cast<size_t>(t_multirow_min_bytes); }
 
 // Bytes from the first row of a call to the end of its last: nrows rows of row_bytes, ld bytes apart.
 inline size_t rows_stream_bytes(size_t ld, int nrows, size_t row_bytes) {

@@ -105,10 +105,10 @@ class MoeExecutor:
         lambda self: self._native.prefetch_l1_bytes,
         doc="L1 distance of the two-level prefetch (0: one level; $FT_CPU_MOE_PREFETCH_L1)",
     )
-    rows4_min_bytes = property(
-        lambda self: self._native.rows4_min_bytes,
-        doc="least row bytes for which one-vector int8 kernels read 4 rows side by side "
-        "($FT_CPU_MOE_ROWS4_BYTES, else 1024)",
+    multirow_min_bytes = property(
+        lambda self: self._native.multirow_min_bytes,
+        doc="least row bytes for which int8 kernels read several rows side by side "
+        "($FT_CPU_MOE_MULTIROW_BYTES, else 1024)",
     )
 
     @property
