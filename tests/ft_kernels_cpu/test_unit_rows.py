@@ -236,13 +236,17 @@ def test_rows_side_by_side_never_change_results(fmt: str, monkeypatch: pytest.Mo
     want = run_format(fmt, threads=1)
     for value in ("0", "1048576"):
         monkeypatch.setenv("FT_CPU_MOE_MULTIROW_BYTES", value)
-        np.testing.assert_array_equal(run_format(fmt, threads=2), want, err_msg=f"{fmt}, multirow bytes {value}")
+        np.testing.assert_array_equal(
+            run_format(fmt, threads=2), want, err_msg=f"{fmt}, multirow bytes {value}"
+        )
 
 
 @pytest.mark.parametrize("value", ["abc", "-1", "1048577", "1k", "12.5"])
 def test_multirow_variable_is_checked(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FT_CPU_MOE_MULTIROW_BYTES", value)
-    with pytest.raises(ValueError, match=r"FT_CPU_MOE_MULTIROW_BYTES='.*' must be an integer number of bytes"):
+    with pytest.raises(
+        ValueError, match=r"FT_CPU_MOE_MULTIROW_BYTES='.*' must be an integer number of bytes"
+    ):
         fk.MoeExecutor(64, 2, max_tokens=1)
 
 
