@@ -318,10 +318,13 @@ static int resolve_prefetch_l1(int threads) {
 
 // $FT_CPU_MOE_MULTIROW_BYTES: the least row bytes for which int8 kernels read several rows side by side
 // (stream_prefetch.h's multirow), an integer in [0, 1048576] (0: always; above any row: never), else
-// kMultirowMinBytes. A knob for measuring it on a machine.
+// the vendor's default: kMultirowMinBytes on AMD (measured on Zen 5), 0 (always) on Intel, where the GPU
+// machine's Xeon took batch 8 sharing its experts from 452 to 682 us a step (q4_0) and 462 to 826
+// (nvfp4) with the 2-row kernels gated at 1024 bytes (16 threads; docs/benchmarks.md, twenty-second
+// session). A knob for measuring it on a machine.
 static int parse_multirow_bytes() {
   const char* env = std::getenv("FT_CPU_MOE_MULTIROW_BYTES");
-  if (env == nullptr || *env == '\0') return kMultirowMinBytes;
+  if (env == nullptr || *env == '\0') return cpu_is_intel() ? 0 : kMultirowMinBytes;
   char* end = nullptr;
   const long v = std::strtol(env, &end, 10);
   if (end == env || *end != '\0' || v < 0 || v > (1 << 20)) {

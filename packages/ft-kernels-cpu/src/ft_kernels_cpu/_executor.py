@@ -108,7 +108,7 @@ class MoeExecutor:
     multirow_min_bytes = property(
         lambda self: self._native.multirow_min_bytes,
         doc="least row bytes for which int8 kernels read several rows side by side "
-        "($FT_CPU_MOE_MULTIROW_BYTES, else 1024)",
+        "($FT_CPU_MOE_MULTIROW_BYTES, else 1024 on AMD and 0 on Intel)",
     )
 
     @property
