@@ -8,6 +8,8 @@ sizes on one thread. The formats' own tests check those bits against float64 ref
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -252,7 +254,7 @@ def test_multirow_variable_is_checked(value: str, monkeypatch: pytest.MonkeyPatc
 
 def test_multirow_default_and_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FT_CPU_MOE_MULTIROW_BYTES", raising=False)
-    intel = "GenuineIntel" in open("/proc/cpuinfo").read()
+    intel = "GenuineIntel" in Path("/proc/cpuinfo").read_text()
     assert fk.MoeExecutor(64, 2, max_tokens=1).multirow_min_bytes == (0 if intel else 1024)
     monkeypatch.setenv("FT_CPU_MOE_MULTIROW_BYTES", "0")
     assert fk.MoeExecutor(64, 2, max_tokens=1).multirow_min_bytes == 0
