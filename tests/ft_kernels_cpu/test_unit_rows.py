@@ -117,12 +117,21 @@ def test_chain_variable_is_checked(value: str, monkeypatch: pytest.MonkeyPatch) 
         fk.MoeExecutor(64, 2, max_tokens=1)
 
 
-@pytest.mark.parametrize("value", ["abc", "16", "16,", "1,2,3", "-1,4", "4,257", "300,0"])
-def test_unit_rows_variable_is_checked(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FT_CPU_MOE_UNIT_ROWS", value)
-    with pytest.raises(
-        ValueError, match=r"FT_CPU_MOE_UNIT_ROWS='.*' must be two integers 'P1,P2' in \[0, 256\]"
-    ):
+BAD_VALUES = [
+    ("FT_CPU_MOE_UNIT_ROWS", v, r"must be two integers 'P1,P2' in \[0, 256\]")
+    for v in ["abc", "16", "16,", "1,2,3", "-1,4", "4,257", "300,0"]
+] + [
+    ("FT_CPU_MOE_MULTIROW_BYTES", v, "must be an integer number of bytes")
+    for v in ["abc", "-1", "1048577", "1k", "12.5"]
+]
+
+
+@pytest.mark.parametrize(("name", "value", "msg"), BAD_VALUES)
+def test_unit_rows_and_multirow_variables_are_checked(
+    name: str, value: str, msg: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=f"{name}='.*' {msg}"):
         fk.MoeExecutor(64, 2, max_tokens=1)
 
 
@@ -241,15 +250,6 @@ def test_rows_side_by_side_never_change_results(fmt: str, monkeypatch: pytest.Mo
         np.testing.assert_array_equal(
             run_format(fmt, threads=2), want, err_msg=f"{fmt}, multirow bytes {value}"
         )
-
-
-@pytest.mark.parametrize("value", ["abc", "-1", "1048577", "1k", "12.5"])
-def test_multirow_variable_is_checked(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FT_CPU_MOE_MULTIROW_BYTES", value)
-    with pytest.raises(
-        ValueError, match=r"FT_CPU_MOE_MULTIROW_BYTES='.*' must be an integer number of bytes"
-    ):
-        fk.MoeExecutor(64, 2, max_tokens=1)
 
 
 def test_multirow_default_and_variable(monkeypatch: pytest.MonkeyPatch) -> None:
