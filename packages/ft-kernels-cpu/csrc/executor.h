@@ -94,7 +94,7 @@ class MoeExecutor {
   bool prefetch_l1_explicit_ = false;  // $FT_CPU_MOE_PREFETCH_L1 set
   int unit_rows1_ = 0, unit_rows2_ = 0;  // $FT_CPU_MOE_UNIT_ROWS overrides (0: the format's)
   bool chain_streams_ = true;            // $FT_CPU_MOE_CHAIN (stream_prefetch.h's StreamChain)
-  int multirow_min_bytes_ = 0;              // $FT_CPU_MOE_MULTIROW_BYTES (stream_prefetch.h's multirow)
+  int multirow_min_bytes_ = 0;           // $FT_CPU_MOE_MULTIROW_BYTES (stream_prefetch.h's multirow)
   WorkerPool pool_;
   std::map<int, Layer> layers_;
   std::unique_ptr<MoeJob> job_;

@@ -840,9 +840,10 @@ void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, f
   const __m512i ic0 = Q4_0::idx_codes0(), ic1 = Q4_0::idx_codes1(), isc = Q4_0::idx_scales();
   const StreamPrefetch<> pf(W, rows_stream_bytes(ld, nrows, static_cast<size_t>(nb) * Q4_0::bytes), prefetch);
   int r = 0;
+  const int side_rows = multirow(static_cast<size_t>(nb) * Q4_0::bytes) ? nrows : 0;  // rows side by side
   if constexpr (NV == 1) {
     // 4 rows at a time (their 4 streams advance together), summed by one transposed reduction
-    for (; multirow(static_cast<size_t>(nb) * Q4_0::bytes) && r + 4 <= nrows; r += 4) {
+    for (; r + 4 <= side_rows; r += 4) {
       const uint8_t* w[4] = {W + r * ld, W + (r + 1) * ld, W + (r + 2) * ld, W + (r + 3) * ld};
       __m512 acc[4];
       for (int i = 0; i < 4; ++i) acc[i] = _mm512_setzero_ps();
@@ -865,7 +866,7 @@ void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, f
   } else {
     // 2 rows at a time where the rows are long enough (stream_prefetch.h's multirow), read as one
     // stream at twice the pace; a last partial group row by row
-    for (; multirow(static_cast<size_t>(nb) * Q4_0::bytes) && r + 2 <= nrows; r += 2) {
+    for (; r + 2 <= side_rows; r += 2) {
       const uint8_t* w0 = W + r * ld;
       const uint8_t* w1 = w0 + ld;
       __m512 acc0[NV], acc1[NV];
@@ -929,7 +930,8 @@ void rows32(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, floa
   int r = 0;
   if constexpr (NV == 1) {
     // 4 rows at a time where the rows are long enough (stream_prefetch.h's multirow), as rows256
-    for (; multirow(static_cast<size_t>(nb) * T::bytes) && r + 4 <= nrows; r += 4) {
+    const int side_rows = multirow(static_cast<size_t>(nb) * T::bytes) ? nrows : 0;
+    for (; r + 4 <= side_rows; r += 4) {
       const uint8_t* w = W + r * ld;
       __m512 acc[4];
       for (int i = 0; i < 4; ++i) acc[i] = _mm512_setzero_ps();
@@ -1111,7 +1113,8 @@ void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, flo
     // 4 rows at a time where the rows are long enough (stream_prefetch.h's multirow; their 4 streams
     // advance together; x's loads are shared once inlined), summed by one transposed reduction; each
     // row's arithmetic is exactly the single-row loop's below
-    for (; multirow(static_cast<size_t>(nb) * T::bytes) && r + 4 <= nrows; r += 4) {
+    const int side_rows = multirow(static_cast<size_t>(nb) * T::bytes) ? nrows : 0;
+    for (; r + 4 <= side_rows; r += 4) {
       const uint8_t* w = W + r * ld;
       __m512 acc[4];
       __m256 off[4];
