@@ -19,8 +19,10 @@ from helpers.moe_reference import ACTIVATIONS, BF16, activation, random_inputs, 
 TIERS = fk.isa_tiers()
 # (tier, FT_CPU_MOE_DSFP4_KERNELS, FT_CPU_MOE_AMX_MIN): each tier's default kernels, avx2's fp32
 # kernels (its default is int16), avx512 with int16, and in avx512_bf16 each of its kernels by
-# name; where this CPU runs AMX-BF16 tiles the amx kernels as they are (tiles for calls of 4+
-# vectors, int16 / fp32 kernels below) and with tiles for every call.
+# name, the bf16 kernels once more with two rows at a time at every row length and once with one
+# row at a time (FT_CPU_MOE_MULTIROW_BYTES 0 / its largest value; which one the default takes depends
+# on the CPU's vendor and the rows' length); where this CPU runs AMX-BF16 tiles the amx kernels as
+# they are (tiles for calls of 4+ vectors, int16 / fp32 kernels below) and with tiles for every call.
 VARIANTS = [(t, "auto", "") for t in TIERS if t != "avx512_bf16"]
 if "avx2" in TIERS:
     VARIANTS += [("avx2", "fp32", "")]  # auto is int16 there
@@ -28,6 +30,7 @@ if "avx512" in TIERS:
     VARIANTS += [("avx512", "int16", "")]  # the avx2 tier's int16 kernels next to avx512's fp32 ones
 if "avx512_bf16" in TIERS:
     VARIANTS += [("avx512_bf16", k, "") for k in ("fp32", "bf16", "int16", "int8")]
+    VARIANTS += [("avx512_bf16", "bf16", "", rows) for rows in ("0", "1048576")]
     if fk.cpu_amx_bf16():
         VARIANTS += [("avx512_bf16", "amx", ""), ("avx512_bf16", "amx", "1")]
 isa = tier_fixture("FT_CPU_MOE_DSFP4_KERNELS", VARIANTS)

@@ -20,12 +20,16 @@ from helpers.kernel_variants import assert_kernel_choice_errors, tier_fixture
 from helpers.moe_reference import ACTIVATIONS, BF16, bias_terms, moe_reference, random_inputs
 
 TIERS = fk.isa_tiers()
-# (tier, FT_CPU_MOE_FP8_KERNELS, FT_CPU_MOE_AMX_MIN): each tier's default kernels; where this CPU runs
-# AMX-BF16 tiles also the VDPBF16PS kernels by name and the tiles for every call (the default puts
-# calls of 4+ vectors on them).
+# (tier, FT_CPU_MOE_FP8_KERNELS, FT_CPU_MOE_AMX_MIN[, FT_CPU_MOE_MULTIROW_BYTES]): each tier's default
+# kernels; the VDPBF16PS kernels by name with two rows at a time at every row length and with one
+# row at a time (FT_CPU_MOE_MULTIROW_BYTES 0 / its largest value; the default's choice depends on the
+# CPU's vendor and the rows' length); where this CPU runs AMX-BF16 tiles also the tiles for every
+# call (the default puts calls of 4+ vectors on them).
 VARIANTS = [(t, "auto", "") for t in TIERS]
-if "avx512_bf16" in TIERS and fk.cpu_amx_bf16():
-    VARIANTS += [("avx512_bf16", "bf16", ""), ("avx512_bf16", "amx", "1")]
+if "avx512_bf16" in TIERS:
+    VARIANTS += [("avx512_bf16", "bf16", "", rows) for rows in ("0", "1048576")]
+    if fk.cpu_amx_bf16():
+        VARIANTS += [("avx512_bf16", "amx", "1")]
 isa = tier_fixture("FT_CPU_MOE_FP8_KERNELS", VARIANTS)
 E4M3 = ml_dtypes.float8_e4m3fn
 

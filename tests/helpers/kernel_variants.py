@@ -1,6 +1,8 @@
 """Test variants over ISA tiers and a format's kernel choice, which the executor reads from an
 environment variable when a layer is made (FT_CPU_MOE_DSFP4_KERNELS, FT_CPU_MOE_FP8_KERNELS), together
-with FT_CPU_MOE_AMX_MIN (from how many vectors a call runs on AMX tiles; "" for the default)."""
+with FT_CPU_MOE_AMX_MIN (from how many vectors a call runs on AMX tiles; "" for the default) and,
+where a variant has a fourth value, FT_CPU_MOE_MULTIROW_BYTES (from how many bytes a row the kernels
+read rows side by side; "" for the default)."""
 
 from __future__ import annotations
 
@@ -10,17 +12,25 @@ import pytest
 
 import ft_kernels_cpu as fk
 
-Variant = tuple[str, str, str]  # (tier, kernels, FT_CPU_MOE_AMX_MIN)
+# (tier, kernels, FT_CPU_MOE_AMX_MIN) or (tier, kernels, FT_CPU_MOE_AMX_MIN, FT_CPU_MOE_MULTIROW_BYTES)
+Variant = tuple[str, ...]
+
+
+def variant_id(variant: Variant) -> str:
+    tier, kernels, amx_min, *multirow = variant
+    return (
+        f"{tier}-{kernels}" + (f"-min{amx_min}" if amx_min else "") + "".join(f"-rows{m}" for m in multirow)
+    )
 
 
 def tier_fixture(env_name: str, variants: list[Variant]):
-    """A fixture for a test module (assign it to `isa`): each variant's tier, with `env_name` and
-    FT_CPU_MOE_AMX_MIN set to the variant's values for the test."""
-    ids = [f"{t}-{k}" + (f"-min{m}" if m else "") for t, k, m in variants]
+    """A fixture for a test module (assign it to `isa`): each variant's tier, with `env_name`,
+    FT_CPU_MOE_AMX_MIN and FT_CPU_MOE_MULTIROW_BYTES set to the variant's values for the test."""
 
-    @pytest.fixture(params=variants, ids=ids)
+    @pytest.fixture(params=variants, ids=[variant_id(v) for v in variants])
     def isa(request, monkeypatch) -> str:
-        tier, kernels, amx_min = request.param
+        tier, kernels, amx_min, *multirow = request.param
+        monkeypatch.setenv("FT_CPU_MOE_MULTIROW_BYTES", multirow[0] if multirow else "")
         monkeypatch.setenv(env_name, kernels)
         monkeypatch.setenv("FT_CPU_MOE_AMX_MIN", amx_min)
         return tier
@@ -40,7 +50,8 @@ def multirow_tier_fixture():
 
 def current_variant(env_name: str, tier: str) -> Variant:
     """The variant a test runs, from its tier and the environment its fixture set."""
-    return (tier, os.environ[env_name], os.environ["FT_CPU_MOE_AMX_MIN"])
+    multirow = os.environ["FT_CPU_MOE_MULTIROW_BYTES"]
+    return (tier, os.environ[env_name], os.environ["FT_CPU_MOE_AMX_MIN"]) + ((multirow,) if multirow else ())
 
 
 def assert_kernel_choice_errors(

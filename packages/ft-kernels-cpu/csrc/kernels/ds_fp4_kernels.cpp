@@ -576,11 +576,21 @@ void dot_rows_with(const uint8_t* W, const uint8_t* S, int nrows, const void* co
   n = std::min(n, fp4::kMaxVectors);
   const Prefetch pw(W, static_cast<size_t>(nrows) * (K / 2), prefetch);
   const Prefetch ps(S, static_cast<size_t>(nrows) * (K / 32), prefetch / 16);
+  // rows_bf16_pairs where rows are long enough: twice multirow's bytes. On the 2-core Zen 5 (2 threads,
+  // batch 8 shared, us a step) the pairs lost from DRAM on rows of 1024 bytes (qwen3-30b-a3b's gate/up
+  // rows: 2160 against 1789 one row at a time) and of 1440 (gpt-oss-120b: 6878 against 5958), and
+  // tied from cache (248 against 248, one core, one expert); fp8_block's pairs, which share the same
+  // step, gained on its rows of 2048 (docs/benchmarks.md, twenty-fourth session).
+  const bool pairs = multirow(static_cast<size_t>(K) / 4);
   dispatch_n(n, [&](auto nv) {
     if constexpr (std::is_same_v<Step, Int8Step>) {
       rows_i8<decltype(nv)::value>(W, S, nrows, xs, K, out, os, pw, ps);
     } else if constexpr (std::is_same_v<Step, Bf16Step> && decltype(nv)::value >= 3) {
-      rows_bf16_pairs<decltype(nv)::value>(W, S, nrows, xs, K, out, os, pw, ps);
+      if (pairs) {
+        rows_bf16_pairs<decltype(nv)::value>(W, S, nrows, xs, K, out, os, pw, ps);
+      } else {
+        rows<Step, decltype(nv)::value>(W, S, nrows, xs, K, out, os, pw, ps);
+      }
     } else {
       rows<Step, decltype(nv)::value>(W, S, nrows, xs, K, out, os, pw, ps);
     }

@@ -27,6 +27,7 @@
 #include "kernels/amx_tiles.h"
 #include "kernels/bf16_pairs.h"
 #include "kernels/fp8nv_common.h"
+#include "kernels/stream_prefetch.h"
 
 namespace ft {
 
@@ -620,12 +621,17 @@ void fp8_rows(Isa isa, const uint8_t* W, int r0, int nrows, const float* S, int 
   }
   if (isa != Isa::scalar) {
     const Prefetch pf(W, nrows * ld, prefetch);
+    // fp8_row_pair_bf16x where rows are long enough (stream_prefetch.h's multirow). On the 2-core Zen 5
+    // (2 threads, batch 8 shared, us a step) pairs of qwen3-30b-a3b's down rows (768 bytes) lost: 2249
+    // with every row paired against 1815 with only the gate/up rows of 2048 bytes (docs/benchmarks.md,
+    // twenty-fourth session).
+    const bool pairs = multirow(ld);
     for (int r = 0; r < nrows; ++r) {
       const float* s = S + static_cast<size_t>((r0 + r) / B) * nbK;
       const uint8_t* w = W + r * ld;
       if (isa == Isa::avx512_bf16) {
         const uint16_t* const* xb = reinterpret_cast<const uint16_t* const*>(xs);
-        if (n >= 3 && B == 128 && K % 128 == 0 && r + 1 < nrows) {
+        if (n >= 3 && B == 128 && K % 128 == 0 && r + 1 < nrows && pairs) {
           const float* s1 = S + static_cast<size_t>((r0 + r + 1) / B) * nbK;
           dispatch_n(n, [&](auto nv) {
             if constexpr (decltype(nv)::value >= 3) {

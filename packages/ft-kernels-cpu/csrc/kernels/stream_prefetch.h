@@ -69,9 +69,10 @@ inline void prefetch_line(const char* q) {
 inline thread_local int t_prefetch_near = 0;
 inline int near_distance(int dist) { return t_prefetch_near > 0 && dist > t_prefetch_near ? t_prefetch_near : 0; }
 
-// The least bytes a row must have for the int8 kernels of the avx512_bf16 tier to read several rows
-// side by side, sharing x's loads: 4 rows in one-vector calls (q4_0 and ggml's types, nvfp4), 2 rows
-// in calls of several vectors (q4_0, nvfp4); shorter rows are read one at a time. On a 2-core Zen 5
+// The least bytes a row must have for the kernels of the avx512_bf16 tier to read several rows side
+// by side, sharing x's loads: 4 rows in one-vector calls (q4_0 and ggml's types, nvfp4), 2 rows in
+// calls of several vectors (q4_0, nvfp4, fp8_block's bf16 kernels; ds_fp4's bf16 kernels from twice
+// these bytes); shorter rows are read one at a time. On a 2-core Zen 5
 // several streams of short rows came from DRAM slower than one (qwen3-30b-a3b's down rows of 432-630
 // bytes with 2 threads: gguf's Q6_K rows 311 against 266 us a step, q4_0's pass 2 at batch 8 581
 // against 421), while rows of 1152 bytes gained (q4_0's gate/up rows, one vector: 428 against 464 us;
