@@ -238,11 +238,12 @@ def test_bench_takes_a_list_of_formats_and_names_an_unknown_one(capsys: pytest.C
     assert "--format 'int3' is unknown; expected 'all' or a comma-separated list of bf16" in err
 
 
-@pytest.mark.parametrize("fmt", ["q4_0", "gguf", "nvfp4"])
+@pytest.mark.parametrize("fmt", ["q4_0", "gguf", "nvfp4", "fp8_block", "ds_fp4"])
 def test_rows_side_by_side_never_change_results(fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Int8 kernels read 4 rows (one vector) or 2 (several: T = 5 with duplicate experts) side by side
-    # from FT_CPU_MOE_MULTIROW_BYTES bytes a row on (this shape's rows are shorter than the default
-    # 1024): 0 (always) and 1048576 (never) must give the default's bits.
+    # Int8 kernels read 4 rows (one vector) or 2 (several: T = 5 with duplicate experts) side by side,
+    # the VDPBF16PS kernels of fp8_block and ds_fp4 (AMD's choice) 2 rows from 3 vectors on, from
+    # FT_CPU_MOE_MULTIROW_BYTES bytes a row on (this shape's rows are shorter than the default 1024):
+    # 0 (always) and 1048576 (never) must give the default's bits.
     monkeypatch.delenv("FT_CPU_MOE_MULTIROW_BYTES", raising=False)
     want = run_format(fmt, threads=1)
     for value in ("0", "1048576"):
