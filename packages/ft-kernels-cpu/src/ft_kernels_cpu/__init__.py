@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ft_kernels_cpu._aligned import BANK_ALIGNMENT, AlignmentWarning, empty_aligned
 from ft_kernels_cpu._executor import MoeExecutor
 from ft_kernels_cpu._native import native as _native
 
@@ -59,10 +60,13 @@ def get_include() -> str:
 
 __all__ = [
     "ABI_VERSION",
+    "BANK_ALIGNMENT",
     "CAPSULE_NAME",
+    "AlignmentWarning",
     "KernelError",
     "MoeExecutor",
     "cpu_amx_bf16",
+    "empty_aligned",
     "get_include",
     "isa",
     "isa_tiers",

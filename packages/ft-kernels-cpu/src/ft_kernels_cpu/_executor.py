@@ -6,11 +6,13 @@ addresses down. Callers that already hold raw memory use ``run_ptr`` and ``(addr
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from ft_kernels_cpu._aligned import BANK_ALIGNMENT, AlignmentWarning, misaligned_banks
 from ft_kernels_cpu._native import native
 
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "swigluoai", "swiglu_clamp")
@@ -156,7 +158,9 @@ class MoeExecutor:
             weight_format: one of ``ft_kernels_cpu.weight_formats()``.
             banks: the format's weight arrays by name (C-contiguous numpy arrays, kept alive by the
                 executor) or ``(address, nbytes)`` pairs the caller keeps alive. See the package README
-                for each format's banks.
+                for each format's banks. A bank of 1 MiB or more whose first byte is not at a multiple
+                of 64 (numpy's large arrays start 16 bytes past one) raises an ``AlignmentWarning``:
+                allocate banks with ``empty_aligned``.
             activation: silu, gelu, gelu_tanh, swigluoai (options alpha=1.702, limit=7.0), or
                 swiglu_clamp (option limit, required).
             options: numeric options of the format and activation; an unused option raises.
@@ -198,6 +202,15 @@ class MoeExecutor:
                     f"banks[{name!r}] must be a numpy array or an (address, nbytes) tuple, "
                     f"got {type(bank).__name__}"
                 )
+        for name, offset, nbytes in misaligned_banks(native_banks):
+            warnings.warn(
+                f"layer {layer} ({weight_format}): banks[{name!r}] ({nbytes / 2**20:.1f} MiB) starts "
+                f"{offset} bytes past a multiple of {BANK_ALIGNMENT}, so every load of its rows crosses "
+                "a cache line (one core read mxfp4 rows from DRAM ~25% slower); allocate banks with "
+                "ft_kernels_cpu.empty_aligned or copy them into one",
+                AlignmentWarning,
+                stacklevel=2,
+            )
         self._native.add_layer(
             layer,
             weight_format,

@@ -13,6 +13,10 @@ experts): a pool that fits a cache measures the kernels' compute throughput out 
 `--pool-mib 1 --threads 1 --top-k 1` for one core's in-cache GB/s of quantized weight bytes (the log
 says which cache level the pool fits; one expert of the larger shapes is bigger than an L2, so the
 pool then sits in the last-level cache). The read GB/s column stays the DRAM read bandwidth.
+
+Banks start at multiples of 64 bytes (``empty_aligned``), as torch tensors and pinned memory do;
+``--bank-offset B`` starts each bank B bytes past one (numpy's own large arrays: 16) to measure what
+a misaligned bank costs.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import platform
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -87,6 +92,7 @@ def bench_format(
     routing: str = "distinct",
     pool_mib: float | None = None,
     top_k: int | None = None,
+    bank_offset: int = 0,
 ) -> dict:
     shape = get_shape(shape_name)
     if top_k is not None:
@@ -119,21 +125,24 @@ def bench_format(
         f"LLC {llc / 2**20:.0f} MiB)"
     )
     t0 = time.perf_counter()
-    banks = bench_fmt.banks(shape, pool, rng)
-    log(f"# banks built in {time.perf_counter() - t0:.1f} s")
+    banks = place_banks(bench_fmt.banks(shape, pool, rng), bank_offset)
+    log(f"# banks built in {time.perf_counter() - t0:.1f} s ({bank_offset} bytes past a 64-byte boundary)")
 
     ex = fk.MoeExecutor(
         shape.hidden, shape.top_k, max_tokens=batch, num_threads=threads, isa=isa, prefetch_bytes=prefetch
     )
-    ex.add_layer(
-        0,
-        fmt,
-        num_experts=pool,
-        intermediate=shape.intermediate,
-        banks=banks,
-        activation=shape.activation,
-        options=getattr(bench_fmt, "OPTIONS", None),
-    )
+    with warnings.catch_warnings():
+        if bank_offset:  # asked for: the AlignmentWarning would only repeat it
+            warnings.simplefilter("ignore", fk.AlignmentWarning)
+        ex.add_layer(
+            0,
+            fmt,
+            num_experts=pool,
+            intermediate=shape.intermediate,
+            banks=banks,
+            activation=shape.activation,
+            options=getattr(bench_fmt, "OPTIONS", None),
+        )
     x = bench_formats.random_bf16_bits(rng, (batch, shape.hidden))
 
     # Routing: each token takes top_k distinct experts; steps walk the pool so that an expert comes
@@ -219,6 +228,7 @@ def bench_format(
         "prefetch": ex.layer_prefetch_bytes(0),
         "prefetch_multi": ex.layer_prefetch_bytes(0, 8),
         "prefetch_l1": ex.layer_prefetch_l1_bytes(0),
+        "bank_offset": bank_offset,
         "gbs": round(gbs, 2),
         "read_gbs": round(read_gbs, 2),
         "ratio": round(statistics.median(r[2] for r in rows), 4),
@@ -231,6 +241,18 @@ def bench_format(
         "host": platform.node(),
         "cpu": _cpu_name(),
     }
+
+
+def place_banks(banks: dict[str, np.ndarray], offset: int) -> dict[str, np.ndarray]:
+    """The banks copied to start `offset` bytes past a multiple of 64 (each original freed once
+    copied, so the pool is held about once)."""
+    placed = {}
+    for name in list(banks):
+        a = banks.pop(name)
+        b = fk.empty_aligned(a.nbytes + offset, np.uint8)[offset:].view(a.dtype).reshape(a.shape)
+        b[...] = a
+        placed[name] = b
+    return placed
 
 
 def _cpu_name() -> str:
@@ -284,6 +306,13 @@ def main(argv: list[str] | None = None) -> int:
         help="software prefetch distance, bytes (default: $FT_CPU_MOE_PREFETCH, else 8192; bf16 on AMD: 0 "
         "in one-vector calls)",
     )
+    p.add_argument(
+        "--bank-offset",
+        type=int,
+        default=0,
+        help="bytes past a 64-byte boundary at which every bank starts, 0-63 (default 0; numpy's large "
+        "arrays start at 16)",
+    )
     p.add_argument("--json", action="store_true", help="end with one JSON line per format")
     a = p.parse_args(argv)
     if a.batch < 1:
@@ -292,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--pool-mib must be > 0, got {a.pool_mib}")
     if a.top_k is not None and a.top_k < 1:
         p.error(f"--top-k must be >= 1, got {a.top_k}")
+    if not 0 <= a.bank_offset < 64:
+        p.error(f"--bank-offset must be in [0, 63], got {a.bank_offset}")
     if a.samples < 1:
         p.error(f"--samples must be >= 1, got {a.samples}")
     threads = a.threads if a.threads is not None else fk.physical_cores()
@@ -324,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             a.routing,
             pool_mib=a.pool_mib,
             top_k=a.top_k,
+            bank_offset=a.bank_offset,
         )
         for f in formats
     ]
