@@ -384,11 +384,11 @@ FT_TARGET_AVX512_BF16 void rows(const uint8_t* W, const uint8_t* S, int nrows, c
   }
 }
 
-// Two rows of the bf16 kernels at once, from 3 vectors on: each vector's 4 lines of a step are loaded
-// once for both rows. Zen 4 loads one 512-bit line a cycle and runs VDPBF16PS at about one a cycle,
-// and one row spent 4 loads on 4 products per vector (docs/benchmarks.md, fourteenth session). Each
-// row's sums are rows<Bf16Step, NV>'s: the same products in the same order, so results do not depend
-// on how rows pair up.
+// Two rows of the bf16 kernels at once, from 3 vectors on, for rows long enough (dot_rows_with): each
+// vector's 4 lines of a step are loaded once for both rows. Zen 4 loads one 512-bit line a cycle and
+// runs VDPBF16PS at about one a cycle, and one row spent 4 loads on 4 products per vector
+// (docs/benchmarks.md, fourteenth session). Each row's sums are rows<Bf16Step, NV>'s: the same
+// products in the same order, so results do not depend on how rows pair up.
 FT_TARGET_AVX512_BF16 inline void decode_step(const uint8_t* w, int blocks, __m512i lut, __m512i* wd) {
   const __m512i wv = fp4::load_blocks(w, blocks);
   wd[0] = _mm512_permutexvar_epi16(wv, lut);
