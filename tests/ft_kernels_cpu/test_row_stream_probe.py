@@ -1,0 +1,41 @@
+"""tools/row_stream_probe.cpp: mxfp4's one-vector row kernel at every bank offset, against float64.
+
+The probe streams rows of e2m1 nibbles and e8m0 scales through fp4::q8_dot_rows_multi with the bank
+at 0, 16, 32 and 48 bytes past a cache line, and checks every row it keeps a reference of against a
+float64 dot product (within the int8 rounding of x) and against the bits of offset 0 (exit status 1
+on a mismatch). Here it runs small (K = 1408: 44 blocks, a 12-block tail of a scale group; calls of 7
+rows), as a check that the tool builds and stays right at every offset; its timings are for
+developers (docs/benchmarks.md, twenty-fourth session).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import ft_kernels_cpu as fk
+
+HERE = Path(__file__).parent
+PKG = HERE.parents[1] / "packages" / "ft-kernels-cpu"
+CXX = shutil.which("c++") or shutil.which("g++")
+
+
+@pytest.mark.skipif(CXX is None, reason="no C++ compiler (c++ or g++) on PATH to build the probe")
+@pytest.mark.skipif(
+    "avx512_bf16" not in fk.isa_tiers(), reason="no avx512_bf16 tier on this CPU (the kernel's)"
+)
+def test_row_stream_probe_matches_float64_at_every_offset(tmp_path: Path) -> None:
+    obj, exe = tmp_path / "probe.o", tmp_path / "row_stream_probe"
+    include = ["-std=c++17", "-O2", "-I", str(PKG / "csrc")]
+    tool = str(PKG / "tools" / "row_stream_probe.cpp")
+    subprocess.run([CXX, *include, "-Wall", "-Wextra", "-Werror", "-c", tool, "-o", str(obj)], check=True)
+    sources = ("kernels/fp4_kernels.cpp", "kernels/int8_codes.cpp", "cpu_features.cpp")
+    kernels = [str(PKG / "csrc" / p) for p in sources]
+    subprocess.run([CXX, *include, str(obj), *kernels, "-o", str(exe)], check=True)
+    run = subprocess.run([str(exe), "4", "1408", "7"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "MISMATCH" not in run.stdout, run.stdout + run.stderr
+    lines = [line for line in run.stdout.splitlines() if line.startswith("offset")]
+    assert [line.split(":")[0].split()[-1] for line in lines] == ["0", "16", "32", "48"], run.stdout
