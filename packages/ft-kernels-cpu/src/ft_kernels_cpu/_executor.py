@@ -206,9 +206,8 @@ class MoeExecutor:
             warnings.warn(
                 f"layer {layer} ({weight_format}): banks[{name!r}] ({nbytes / 2**20:.1f} MiB) starts "
                 f"{offset} bytes past a multiple of {BANK_ALIGNMENT}, so every load of its rows crosses "
-                "a cache line (one Zen 5 core read mxfp4 rows from DRAM at 21-25 GB/s against 33 aligned); "
-                "allocate banks with "
-                "ft_kernels_cpu.empty_aligned or copy them into one",
+                "a cache line (one Zen 5 core read mxfp4 rows from DRAM at 21-25 GB/s against 30-33 "
+                "aligned); allocate banks with ft_kernels_cpu.empty_aligned or copy them into one",
                 AlignmentWarning,
                 stacklevel=2,
             )
