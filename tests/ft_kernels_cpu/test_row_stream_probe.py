@@ -4,8 +4,9 @@ The probe streams rows of e2m1 nibbles and e8m0 scales through fp4::q8_dot_rows_
 at 0, 16, 32 and 48 bytes past a cache line, and checks every row it keeps a reference of against a
 float64 dot product (within the int8 rounding of x) and against the bits of offset 0 (exit status 1
 on a mismatch). Here it runs small (K = 1408: 44 blocks, a 12-block tail of a scale group; calls of 7
-rows), as a check that the tool builds and stays right at every offset; its timings are for
-developers (docs/benchmarks.md, twenty-fourth session).
+rows; the calls in address order and shuffled), as a check that the tool builds and stays right at
+every offset; its timings are for developers (docs/benchmarks.md, twenty-fourth and twenty-fifth
+sessions).
 """
 
 from __future__ import annotations
@@ -35,7 +36,11 @@ def test_row_stream_probe_matches_float64_at_every_offset(tmp_path: Path) -> Non
     sources = ("kernels/fp4_kernels.cpp", "kernels/int8_codes.cpp", "cpu_features.cpp")
     kernels = [str(PKG / "csrc" / p) for p in sources]
     subprocess.run([CXX, *include, str(obj), *kernels, "-o", str(exe)], check=True)
-    run = subprocess.run([str(exe), "4", "1408", "7"], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0 and "MISMATCH" not in run.stdout, run.stdout + run.stderr
-    lines = [line for line in run.stdout.splitlines() if line.startswith("offset")]
-    assert [line.split(":")[0].split()[-1] for line in lines] == ["0", "16", "32", "48"], run.stdout
+    for order in ("seq", "shuffled"):
+        run = subprocess.run([str(exe), "4", "1408", "7", order], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0 and "MISMATCH" not in run.stdout, run.stdout + run.stderr
+        assert f"calls of 7 rows ({order})" in run.stdout, run.stdout
+        lines = [line for line in run.stdout.splitlines() if line.startswith("offset")]
+        assert [line.split(":")[0].split()[-1] for line in lines] == ["0", "16", "32", "48"], run.stdout
+    bad = subprocess.run([str(exe), "4", "1408", "7", "backwards"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "seq|shuffled" in bad.stderr, bad.stdout + bad.stderr

@@ -9,10 +9,12 @@
 //   g++ -O2 -std=c++17 -I csrc -o /tmp/row_stream_probe tools/row_stream_probe.cpp
 //       csrc/kernels/fp4_kernels.cpp csrc/kernels/int8_codes.cpp csrc/cpu_features.cpp  (one line)
 //   /tmp/row_stream_probe [MiB of rows, default 1024] [K, default 2048] [rows per call, default 256]
+//                         [order: seq (default) or shuffled]
 //
 // The rows lie back to back (K / 2 bytes each, their scales in an array of their own) and are read in
 // calls of `rows per call`, as the executor's units read an expert's rows, with the kernels' own
-// software prefetch (8 KiB ahead, fp4_kernels.cpp). For each bank offset (0, 16, 32, 48 bytes past a
+// software prefetch (8 KiB ahead, fp4_kernels.cpp): in address order (`seq`), or with the calls in a
+// fixed random order (`shuffled`), as a step's units jump from expert to expert. For each bank offset (0, 16, 32, 48 bytes past a
 // cache line; numpy's large arrays start at 16) one line: GB/s of weight and scale bytes from DRAM
 // (median of 5 passes over the whole buffer), the plain read of the same bytes (median of 5, 64-byte
 // loads), their ratio, and GB/s from L2 (the first 256 KiB of rows, again and again). Every row's
@@ -27,7 +29,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
+
+#include <sys/mman.h>
 
 #include "common.h"
 #include "kernels/fp4_common.h"
@@ -71,8 +76,10 @@ int main(int argc, char** argv) {
   const long mib = argc > 1 ? std::atol(argv[1]) : 1024;
   const int K = argc > 2 ? std::atoi(argv[2]) : 2048;
   const int per_call = argc > 3 ? std::atoi(argv[3]) : 256;
-  if (mib < 1 || K < 128 || K % 128 != 0 || per_call < 1) {
-    std::fprintf(stderr, "usage: row_stream_probe [MiB >= 1] [K, a multiple of 128] [rows per call >= 1]\n");
+  const std::string order = argc > 4 ? argv[4] : "seq";
+  if (mib < 1 || K < 128 || K % 128 != 0 || per_call < 1 || (order != "seq" && order != "shuffled")) {
+    std::fprintf(stderr,
+                 "usage: row_stream_probe [MiB >= 1] [K, a multiple of 128] [rows per call >= 1] [seq|shuffled]\n");
     return 2;
   }
   if (ft::cpu_best_isa() < ft::Isa::avx512_bf16) {
@@ -83,8 +90,15 @@ int main(int argc, char** argv) {
   const size_t rows = std::max<size_t>(per_call, (static_cast<size_t>(mib) << 20) / row_bytes);
   const size_t wbytes = rows * row_bytes, sbytes = rows * srow;
   // One buffer each, a page ahead of room, so that the data can sit at any offset past a cache line.
-  uint8_t* wbuf = static_cast<uint8_t*>(std::aligned_alloc(4096, wbytes + 4096));
-  uint8_t* sbuf = static_cast<uint8_t*>(std::aligned_alloc(4096, sbytes + 4096));
+  // In 2 MiB units, asking for transparent huge pages as numpy does for the executor's banks (large
+  // arrays): on 4 KiB pages one Zen 5 core's kernel read 28-30 GB/s of rows of K = 2048 from DRAM, on
+  // huge pages 31.6-33.5, the plain read 39-43 either way (docs/benchmarks.md, twenty-fifth session).
+  const size_t huge = size_t{1} << 21;
+  const size_t wcap = (wbytes + 4096 + huge - 1) / huge * huge, scap = (sbytes + 4096 + huge - 1) / huge * huge;
+  uint8_t* wbuf = static_cast<uint8_t*>(std::aligned_alloc(huge, wcap));
+  uint8_t* sbuf = static_cast<uint8_t*>(std::aligned_alloc(huge, scap));
+  if (wbuf) madvise(wbuf, wcap, MADV_HUGEPAGE);  // a hint: refused where THP is off, and then ignored
+  if (sbuf) madvise(sbuf, scap, MADV_HUGEPAGE);
   if (!wbuf || !sbuf) {
     std::fprintf(stderr, "row_stream_probe: cannot allocate %zu bytes\n", wbytes + sbytes);
     return 2;
@@ -129,8 +143,12 @@ int main(int argc, char** argv) {
   bool bad = false;
   const int offsets[] = {0, 16, 32, 48};
   size_t at = 0;  // where the data lies now: wbuf + at, sbuf + at
-  std::printf("row_stream_probe: %.0f MiB of rows of K = %d (%zu bytes + %zu of scales), calls of %d rows\n",
-              (wbytes + sbytes) / 1048576.0, K, row_bytes, srow, per_call);
+  // The first row of every call over the whole buffer, in the order the calls run.
+  std::vector<size_t> starts;
+  for (size_t r = 0; r < rows; r += per_call) starts.push_back(r);
+  if (order == "shuffled") std::shuffle(starts.begin(), starts.end(), rng);
+  std::printf("row_stream_probe: %.0f MiB of rows of K = %d (%zu bytes + %zu of scales), calls of %d rows (%s)\n",
+              (wbytes + sbytes) / 1048576.0, K, row_bytes, srow, per_call, order.c_str());
   for (int off : offsets) {
     // The same bytes at `off` past a cache line (weights and scales alike).
     uint8_t* W = wbuf + 64 + off;
@@ -138,11 +156,16 @@ int main(int argc, char** argv) {
     std::memmove(W, wbuf + at, wbytes);
     std::memmove(S, sbuf + at, sbytes);
     at = 64 + off;
+    auto call = [&](size_t r, size_t nrows) {
+      const int n = static_cast<int>(std::min<size_t>(per_call, nrows - r));
+      ft::fp4::q8_dot_rows_multi(W + r * row_bytes, S + r * srow, n, xs, 1, K, out.data() + r, 0, 8192);
+    };
+    // The first nrows rows in address order (L2 rounds, the checked rows); all of them in `starts` order.
     auto run = [&](size_t nrows) {
-      for (size_t r = 0; r < nrows; r += per_call) {
-        const int n = static_cast<int>(std::min<size_t>(per_call, nrows - r));
-        ft::fp4::q8_dot_rows_multi(W + r * row_bytes, S + r * srow, n, xs, 1, K, out.data() + r, 0, 8192);
-      }
+      for (size_t r = 0; r < nrows; r += per_call) call(r, nrows);
+    };
+    auto run_all = [&] {
+      for (size_t r : starts) call(r, rows);
     };
     std::vector<double> kern, plain, l2;
     volatile uint64_t sink = 0;
@@ -151,7 +174,7 @@ int main(int argc, char** argv) {
       sink = sink ^ plain_read(W, wbytes) ^ plain_read(S, sbytes);
       plain.push_back((wbytes + sbytes) / seconds_since(t0) / 1e9);
       t0 = Clock::now();
-      run(rows);
+      run_all();
       kern.push_back((wbytes + sbytes) / seconds_since(t0) / 1e9);
     }
     const size_t l2_rows = std::min<size_t>(rows, (256 << 10) / row_bytes);
