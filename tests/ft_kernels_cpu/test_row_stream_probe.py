@@ -42,5 +42,7 @@ def test_row_stream_probe_matches_float64_at_every_offset(tmp_path: Path) -> Non
         assert f"calls of 7 rows ({order})" in run.stdout, run.stdout
         lines = [line for line in run.stdout.splitlines() if line.startswith("offset")]
         assert [line.split(":")[0].split()[-1] for line in lines] == ["0", "16", "32", "48"], run.stdout
-    bad = subprocess.run([str(exe), "4", "1408", "7", "backwards"], capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [str(exe), "4", "1408", "7", "backwards"], capture_output=True, text=True, timeout=60
+    )
     assert bad.returncode == 2 and "seq|shuffled" in bad.stderr, bad.stdout + bad.stderr

@@ -1,10 +1,12 @@
 """The worker pool under back-to-back runs of different sizes, with more threads than cores.
 
-A unit is claimed with one fetch_add on a word that holds the run's unit count and its next unit,
-so a worker that is late from one run (preempted between runs: here 6 threads share the machine's
-cores) can take a unit of the next one and must run it as that run's. Every unit of every run must
-run exactly once, with the run's own task: the outputs are compared, run by run, with the bits of a
-one-thread executor (whose own results the format tests check against float64 references).
+A unit is claimed with one fetch_add on a word that holds its end and the next unit: the run's one
+counter (FT_CPU_MOE_CLAIMS=shared) or the range of a pass that each worker starts from (ranges, the
+default; the others take from it once theirs is empty). A worker that is late from one run
+(preempted between runs: here 6 threads share the machine's cores) can take a unit of the next one
+and must run it as that run's. Every unit of every run must run exactly once, with the run's own
+task: the outputs are compared, run by run, with the bits of a one-thread executor (whose own
+results the format tests check against float64 references), and the units run are counted.
 """
 
 from __future__ import annotations
@@ -17,6 +19,14 @@ from helpers.checks import random_bf16_executor
 from helpers.moe_reference import BF16
 
 H, I, E, TOP_K = 256, 128, 8, 4
+CLAIMS = ["shared", "ranges"]
+
+
+@pytest.fixture(params=CLAIMS)
+def claims(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    # Read when an executor's pool is made.
+    monkeypatch.setenv("FT_CPU_MOE_CLAIMS", request.param)
+    return request.param
 
 
 def make_executor(threads: int) -> fk.MoeExecutor:
@@ -41,7 +51,7 @@ def tasks() -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
 
 
 @pytest.mark.parametrize("threads", [3, 6])
-def test_back_to_back_runs_of_different_sizes(threads: int) -> None:
+def test_back_to_back_runs_of_different_sizes(claims: str, threads: int) -> None:
     ts = tasks()
     ref_ex = make_executor(1)
     want = [ref_ex.run(0, x, ids, w).view(np.uint16).copy() for x, ids, w in ts]
@@ -57,7 +67,7 @@ def test_back_to_back_runs_of_different_sizes(threads: int) -> None:
 
 
 @pytest.mark.parametrize("threads", [3, 6])
-def test_runs_without_gaps_between_them(threads: int) -> None:
+def test_runs_without_gaps_between_them(claims: str, threads: int) -> None:
     # time_runs submits the tasks back to back from C++ (no Python between runs): the workers of one
     # run are still finishing their claims when the next one starts. Each task's output is checked
     # in turn by ending a sequence on it.
@@ -73,6 +83,42 @@ def test_runs_without_gaps_between_them(threads: int) -> None:
         secs = ex.time_runs(0, x, seq_ids, seq_w, out=y)
         assert secs > 0
         np.testing.assert_array_equal(y, ref_ex.run(0, x, ids, w).view(np.uint16))
+
+
+@pytest.mark.parametrize("threads", [2, 3, 6, 12])
+def test_either_claim_policy_runs_every_unit_once(monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
+    # The same runs make the same units whatever the policy; a unit run twice (or skipped) changes
+    # the pool's count of units run. 12 threads: more workers than units in some passes (empty
+    # ranges), 2: ranges of many units each.
+    ts = tasks()
+    counts = {}
+    for policy in CLAIMS:
+        monkeypatch.setenv("FT_CPU_MOE_CLAIMS", policy)
+        ex = make_executor(threads)
+        assert ex.claims == policy
+        p0 = ex.pool_profile()
+        for i in range(60):
+            x, ids, w = ts[i % len(ts)]
+            ex.run(0, x, ids, w)
+        p = ex.pool_profile()
+        counts[policy] = (p["units1"] - p0["units1"], p["units2"] - p0["units2"])
+    assert counts["ranges"] == counts["shared"], counts
+    assert min(counts["ranges"]) > 0
+
+
+def test_claims_default_is_the_vendors(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ranges on AMD (and other vendors), one counter on Intel (worker_pool.cpp's parse_claims).
+    monkeypatch.delenv("FT_CPU_MOE_CLAIMS", raising=False)
+    with open("/proc/cpuinfo") as f:
+        vendor = next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), "")
+    assert make_executor(2).claims == ("shared" if vendor == "GenuineIntel" else "ranges")
+
+
+@pytest.mark.parametrize("value", ["bogus", "Ranges", "1"])
+def test_claims_variable_is_checked(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("FT_CPU_MOE_CLAIMS", value)
+    with pytest.raises(Exception, match=f"FT_CPU_MOE_CLAIMS='{value}' must be 'ranges'"):
+        make_executor(2)
 
 
 def test_time_runs_checks_its_output_array() -> None:

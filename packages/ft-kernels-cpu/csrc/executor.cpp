@@ -91,6 +91,17 @@ struct MoeJob final : PoolJob {
   }
 
   bool claim_ahead() const override { return chain; }
+  // Under the pool's ranges (WorkerPool::Claims), the last group's units of each pass come after the
+  // workers' ranges, in order: its pass-1 units run while the workers' ranges finish, so the groups
+  // of the ranges are complete before most workers reach pass 2 (each range's last unit completes a
+  // group, and with the last group in the ranges too a worker's first pass-2 units waited for another
+  // worker's last pass-1 unit: 6-15 us a step on the GPU machine's Xeon, docs/benchmarks.md,
+  // twenty-fifth session); its pass-2 units (split2 parts of each block) are the run's short tail.
+  uint32_t tail_units(int pass) const override {
+    const uint32_t G = static_cast<uint32_t>(group_expert.size());
+    if (G < 2) return 0;
+    return pass == 0 ? static_cast<uint32_t>(nblk1) : static_cast<uint32_t>(split2 * nblk2);
+  }
 
   void run_unit_rows(uint32_t u, int worker) {
     float* s = scratch + worker * scratch_stride;

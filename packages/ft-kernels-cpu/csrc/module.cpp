@@ -194,6 +194,7 @@ PYBIND11_MODULE(_ft_kernels_cpu, m) {
       .def_property_readonly("top_k", &MoeExecutor::top_k)
       .def_property_readonly("max_tokens", &MoeExecutor::max_tokens)
       .def_property_readonly("num_threads", &MoeExecutor::num_threads)
+      .def_property_readonly("claims", &MoeExecutor::claims)
       .def_property_readonly("prefetch_bytes", &MoeExecutor::prefetch_bytes)
       .def_property_readonly("prefetch_l1_bytes", &MoeExecutor::prefetch_l1_bytes)
       .def_property_readonly("multirow_min_bytes", &MoeExecutor::multirow_min_bytes)

@@ -70,6 +70,23 @@ bool read_int_file(const std::string& path, int* out) {
   return true;
 }
 
+// $FT_CPU_MOE_CLAIMS: "ranges" or "shared" (WorkerPool::Claims), else the vendor's default: ranges on
+// AMD, where a 2-core Zen 5 ran the 4-bit formats' decode steps 5-15% faster with them (each core's
+// weight stream no longer jumps to another unit's rows at every unit, which cost one Zen 5 core up
+// to 1.7 us a jump in tools/row_stream_probe.cpp), shared on Intel, where the GPU machine's 16-core
+// Xeon ran as fast or faster with one counter in three VMs (the ranges' last pass-1 units held up
+// the workers' first pass-2 units: 4-15 us a step; docs/benchmarks.md, twenty-fifth session).
+WorkerPool::Claims parse_claims() {
+  const char* env = std::getenv("FT_CPU_MOE_CLAIMS");
+  if (env == nullptr || *env == '\0') return cpu_is_intel() ? WorkerPool::Claims::kShared : WorkerPool::Claims::kRanges;
+  const std::string v(env);
+  if (v == "ranges") return WorkerPool::Claims::kRanges;
+  if (v == "shared") return WorkerPool::Claims::kShared;
+  throw Error("FT_CPU_MOE_CLAIMS='" + v +
+              "' must be 'ranges' (each worker takes a contiguous range of each pass's units first) or 'shared' "
+              "(one counter hands out every unit in order)");
+}
+
 }  // namespace
 
 std::vector<int> physical_core_cpus() {
@@ -93,6 +110,8 @@ std::vector<int> physical_core_cpus() {
 
 WorkerPool::WorkerPool(int num_threads) : num_threads_(num_threads) {
   if (num_threads < 1) throw Error("num_threads must be >= 1, got " + std::to_string(num_threads));
+  claims_ = parse_claims();
+  ranges_ = std::make_unique<RangeWord[]>(2 * static_cast<size_t>(num_threads) + 2);
   ticks_.resize(num_threads);
   done_ = std::make_unique<WorkerDone[]>(num_threads);
   std::vector<int> cpus = physical_core_cpus();
@@ -122,6 +141,20 @@ void WorkerPool::run(uint32_t n1, uint32_t n2, PoolJob* job) {
   n1_.store(n1, std::memory_order_relaxed);
   n2_.store(n2, std::memory_order_relaxed);
   next_.store(static_cast<uint64_t>(n1 + n2) << 32, std::memory_order_release);
+  if (claims_ == Claims::kRanges) {
+    // Range w of a pass of n units: [n w / T, n (w + 1) / T), as a claim word (end << 32 | next). A
+    // worker late from the last run that claims from one acquires the job's fields with it.
+    const uint64_t T = static_cast<uint64_t>(num_threads_);
+    for (int p = 0; p < 2; ++p) {
+      const uint64_t base = p ? n1 : 0, all = p ? n2 : n1;
+      const uint64_t tail = std::min<uint64_t>(all, job->tail_units(p)), n = all - tail;
+      for (uint64_t w = 0; w < T; ++w) {
+        const uint64_t b = base + n * w / T, e = base + n * (w + 1) / T;
+        ranges_[p * T + w].w.store(e << 32 | b, std::memory_order_release);
+      }
+      ranges_[2 * T + p].w.store((base + all) << 32 | (base + n), std::memory_order_release);
+    }
+  }
   gen_.store(gen, std::memory_order_seq_cst);
   if (sleepers_.load(std::memory_order_seq_cst) > 0) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -199,8 +232,47 @@ void WorkerPool::work(int worker) {
     last = w;
     return true;
   };
+  // kRanges: the pass whose units this worker claims (2: none left): from its own range, the others'
+  // (in worker order after its own), then the pass's tail. Pass 2 only once every range and the tail
+  // of pass 1 were found empty, so the pass-1 units a pass-2 unit waits for are all claimed (running
+  // or done). A claim ahead takes the next unit of the worker's own range only.
+  int pass = 0;
+  auto claim_ranges = [&](uint32_t* unit, bool ahead) {
+    const int T = num_threads_;
+    for (; pass < 2; ++pass) {
+      RangeWord* words = &ranges_[static_cast<size_t>(pass) * T];
+      for (int i = 0; i < T; ++i) {
+        std::atomic<uint64_t>& a = words[(worker + i) % T].w;
+        if (i > 0) {
+          if (ahead) return false;
+          // Another worker's range: skip it without a write to its line when it looks empty (its
+          // cursor only grows within a run).
+          const uint64_t cur = a.load(std::memory_order_relaxed);
+          if (static_cast<uint32_t>(cur) >= static_cast<uint32_t>(cur >> 32)) continue;
+        }
+        const uint64_t w = a.fetch_add(1, std::memory_order_acq_rel);
+        if (static_cast<uint32_t>(w) < static_cast<uint32_t>(w >> 32)) {
+          *unit = static_cast<uint32_t>(w);
+          return true;
+        }
+      }
+      if (ahead) return false;
+      // The pass's tail, once every range of it was found empty.
+      std::atomic<uint64_t>& t = ranges_[2 * static_cast<size_t>(T) + pass].w;
+      const uint64_t cur = t.load(std::memory_order_relaxed);
+      if (static_cast<uint32_t>(cur) >= static_cast<uint32_t>(cur >> 32)) continue;
+      const uint64_t w = t.fetch_add(1, std::memory_order_acq_rel);
+      if (static_cast<uint32_t>(w) < static_cast<uint32_t>(w >> 32)) {
+        *unit = static_cast<uint32_t>(w);
+        return true;
+      }
+    }
+    return false;
+  };
+  const bool ranges = claims_ == Claims::kRanges;
+  auto take = [&](uint32_t* unit, bool ahead) { return ranges ? claim_ranges(unit, ahead) : claim(unit, ahead); };
   uint32_t unit = 0;
-  if (!claim(&unit, false)) return;
+  if (!take(&unit, false)) return;
   bool claimed_ahead = false;
   for (;;) {
     // A unit is held, so its run is in progress and the job's fields are stable.
@@ -209,7 +281,7 @@ void WorkerPool::work(int worker) {
     uint32_t next = PoolJob::kNoUnit;
     // Not for a worker's first unit of a run: the workers start together, and a second claim each
     // would queue on the word before they start.
-    const bool have_next = !first && job->claim_ahead() && claim(&next, true);
+    const bool have_next = !first && job->claim_ahead() && take(&next, true);
     const uint64_t t0 = ticks();
     if (first) {  // a unit is held, so run_start_ is its run's (published with the job)
       first = false;
@@ -236,7 +308,7 @@ void WorkerPool::work(int worker) {
       unit = next;
       claimed_ahead = true;
     } else {
-      if (!claim(&unit, false)) return;
+      if (!take(&unit, false)) return;
       claimed_ahead = false;
     }
   }

@@ -1,11 +1,14 @@
 // A fixed pool of worker threads, one pinned per physical core, that runs a two-phase job:
-// units [0, n1) (pass 1), then units [n1, n1 + n2) (pass 2). Units are claimed in order; a pass-2
-// unit starts once the job says its inputs are ready (the job tracks what its units depend on).
+// units [0, n1) (pass 1), then units [n1, n1 + n2) (pass 2). No pass-2 unit is claimed while a
+// pass-1 unit is unclaimed; a pass-2 unit starts once the job says its inputs are ready (the job
+// tracks what its units depend on). Claims (Claims below): from one counter in order, or from
+// per-worker contiguous ranges of each pass, then the pass's tail in order.
 // For a job that asks (PoolJob::claim_ahead), a worker claims its next unit when it starts one (from
-// its second unit of a run on), so the job can prefetch the next one's data meanwhile, as long as
-// more than num_threads units of that unit's pass are left unclaimed after it: the last num_threads units of pass 1 and of the run are
-// claimed as workers come free (a pass-1 unit held back delays the pass-2 units that wait for it, a
-// last unit held back lengthens the run's tail).
+// its second unit of a run on), so the job can prefetch the next one's data meanwhile: with one
+// counter as long as more than num_threads units of that unit's pass are left unclaimed after it
+// (the last num_threads units of pass 1 and of the run are claimed as workers come free: a pass-1
+// unit held back delays the pass-2 units that wait for it, a last unit held back lengthens the
+// run's tail), with ranges only the next unit of the worker's own range.
 //
 // The calling thread is worker 0 and takes units like the others, so a pool of N threads starts
 // N - 1 background threads. Idle workers spin briefly on the job generation, then sleep.
@@ -32,10 +35,17 @@ class PoolJob {
   // Whether workers claim their next unit when they start one (see WorkerPool); read once per run.
   virtual bool claim_ahead() const { return false; }
   // Whether pass-2 unit `u2` (counted from the first pass-2 unit) may start. Polled while it returns
-  // false, so it must become true once the pass-1 units it depends on are done: units are claimed in
-  // order, so those are already running. The pool keeps no shared count of finished units (one
+  // false, so it must become true once the pass-1 units it depends on are done: every pass-1 unit
+  // is claimed before any pass-2 unit, so those are already running. The pool keeps no shared count of finished units (one
   // contended atomic per unit less on 16 cores); a job counts what its pass-2 units need.
   virtual bool pass2_ready(uint32_t u2) const = 0;
+  // How many of the last units of pass `pass` (0 or 1) are its tail: under Claims::kRanges they are
+  // not cut into the workers' ranges but handed out in order from one counter once every range of
+  // the pass is empty. Read once per run; 0: none.
+  virtual uint32_t tail_units(int pass) const {
+    (void)pass;
+    return 0;
+  }
 };
 
 // Logical CPUs this process may run on, one per physical core, in ascending order.
@@ -59,7 +69,15 @@ struct PoolProfile {
 
 class WorkerPool {
  public:
+  // How workers claim units. kShared: one counter hands out each pass's units in order, so a
+  // worker's consecutive units lie num_threads units apart. kRanges: each pass's units are cut into
+  // num_threads contiguous ranges, worker w takes range w's units in order, then the other ranges'
+  // (in order, from the same cursors) once its own is empty, and pass 2 only once no pass-1 unit is
+  // left unclaimed; each worker's units then follow each other in memory (one long weight stream)
+  // until the pass's last units. $FT_CPU_MOE_CLAIMS ("ranges" or "shared") picks; see worker_pool.cpp.
+  enum class Claims { kShared, kRanges };
   explicit WorkerPool(int num_threads);
+  Claims claims() const { return claims_; }
   ~WorkerPool();
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
@@ -97,6 +115,14 @@ class WorkerPool {
   // while the low half is below the high half, and only of the run in progress: a worker late from
   // an earlier run that gets one runs it for the run in progress (work()).
   alignas(64) std::atomic<uint64_t> next_{0};
+  // kRanges: per pass and worker, a claim word as next_ (the range's end in the high half, its next
+  // unit in the low half), each on a cache line of its own: [pass * num_threads + w]; then the words
+  // of the passes' tails (PoolJob::tail_units), [2 * num_threads + pass].
+  struct alignas(64) RangeWord {
+    std::atomic<uint64_t> w{0};
+  };
+  std::unique_ptr<RangeWord[]> ranges_;
+  Claims claims_ = Claims::kShared;
   alignas(64) std::atomic<uint32_t> gen_{0};
   std::atomic<uint32_t> n1_{0}, n2_{0};
   std::atomic<PoolJob*> job_{nullptr};

@@ -101,6 +101,11 @@ class MoeExecutor:
     top_k = property(lambda self: self._native.top_k)
     max_tokens = property(lambda self: self._native.max_tokens)
     num_threads = property(lambda self: self._native.num_threads, doc="worker threads, the caller included")
+    claims = property(
+        lambda self: self._native.claims,
+        doc="how workers claim units: 'ranges' (each takes a contiguous range of each pass first) or "
+        "'shared' (one counter in order); $FT_CPU_MOE_CLAIMS, else the vendor's default",
+    )
     isa = property(lambda self: self._native.isa, doc="ISA tier the kernels run")
     prefetch_bytes = property(lambda self: self._native.prefetch_bytes, doc="software prefetch distance")
     prefetch_l1_bytes = property(

@@ -220,6 +220,7 @@ def bench_format(
         "format": fmt,
         "shape": shape_name,
         "threads": ex.num_threads,
+        "claims": ex.claims,
         "batch": batch,
         "routing": routing,
         "top_k": shape.top_k,
