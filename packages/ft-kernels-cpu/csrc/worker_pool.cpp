@@ -71,7 +71,7 @@ bool read_int_file(const std::string& path, int* out) {
 }
 
 // $FT_CPU_MOE_CLAIMS: "ranges" or "shared" (WorkerPool::Claims), else the vendor's default: ranges on
-// AMD, where a 2-core Zen 5 ran the 4-bit formats' decode steps 5-15% faster with them (each core's
+// AMD, where a 2-core Zen 5 ran every format's batch-1 step 3-14% faster with them (each core's
 // weight stream no longer jumps to another unit's rows at every unit, which cost one Zen 5 core up
 // to 1.7 us a jump in tools/row_stream_probe.cpp), shared on Intel, where the GPU machine's 16-core
 // Xeon ran as fast or faster with one counter in three VMs (the ranges' last pass-1 units held up
