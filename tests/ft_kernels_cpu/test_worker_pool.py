@@ -1,8 +1,8 @@
 """The worker pool under back-to-back runs of different sizes, with more threads than cores.
 
 A unit is claimed with one fetch_add on a word that holds its end and the next unit: the run's one
-counter (FT_CPU_MOE_CLAIMS=shared) or the range of a pass that each worker starts from (ranges, the
-default; the others take from it once theirs is empty). A worker that is late from one run
+counter (FT_CPU_MOE_CLAIMS=shared, Intel's default) or the range of a pass that each worker starts
+from (ranges, the default elsewhere; the others take from it once theirs is empty). A worker that is late from one run
 (preempted between runs: here 6 threads share the machine's cores) can take a unit of the next one
 and must run it as that run's. Every unit of every run must run exactly once, with the run's own
 task: the outputs are compared, run by run, with the bits of a one-thread executor (whose own
@@ -117,7 +117,7 @@ def test_claims_default_is_the_vendors(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("value", ["bogus", "Ranges", "1"])
 def test_claims_variable_is_checked(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv("FT_CPU_MOE_CLAIMS", value)
-    with pytest.raises(Exception, match=f"FT_CPU_MOE_CLAIMS='{value}' must be 'ranges'"):
+    with pytest.raises(fk.KernelError, match=f"FT_CPU_MOE_CLAIMS='{value}' must be 'ranges'"):
         make_executor(2)
 
 

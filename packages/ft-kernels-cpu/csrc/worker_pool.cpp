@@ -237,35 +237,25 @@ void WorkerPool::work(int worker) {
   // of pass 1 were found empty, so the pass-1 units a pass-2 unit waits for are all claimed (running
   // or done). A claim ahead takes the next unit of the worker's own range only.
   int pass = 0;
+  // One claim from a range or tail word; `peek`: skip it without a write to its line when it looks
+  // empty (a word of another worker or the tail: its cursor only grows within a run).
+  auto claim_word = [](std::atomic<uint64_t>& a, bool peek, uint32_t* unit) {
+    auto open = [](uint64_t w) { return static_cast<uint32_t>(w) < static_cast<uint32_t>(w >> 32); };
+    if (peek && !open(a.load(std::memory_order_relaxed))) return false;
+    const uint64_t w = a.fetch_add(1, std::memory_order_acq_rel);
+    if (!open(w)) return false;
+    *unit = static_cast<uint32_t>(w);
+    return true;
+  };
   auto claim_ranges = [&](uint32_t* unit, bool ahead) {
-    const int T = num_threads_;
+    const size_t T = static_cast<size_t>(num_threads_);
     for (; pass < 2; ++pass) {
-      RangeWord* words = &ranges_[static_cast<size_t>(pass) * T];
-      for (int i = 0; i < T; ++i) {
-        std::atomic<uint64_t>& a = words[(worker + i) % T].w;
-        if (i > 0) {
-          if (ahead) return false;
-          // Another worker's range: skip it without a write to its line when it looks empty (its
-          // cursor only grows within a run).
-          const uint64_t cur = a.load(std::memory_order_relaxed);
-          if (static_cast<uint32_t>(cur) >= static_cast<uint32_t>(cur >> 32)) continue;
-        }
-        const uint64_t w = a.fetch_add(1, std::memory_order_acq_rel);
-        if (static_cast<uint32_t>(w) < static_cast<uint32_t>(w >> 32)) {
-          *unit = static_cast<uint32_t>(w);
-          return true;
-        }
-      }
+      if (claim_word(ranges_[pass * T + worker].w, false, unit)) return true;
       if (ahead) return false;
-      // The pass's tail, once every range of it was found empty.
-      std::atomic<uint64_t>& t = ranges_[2 * static_cast<size_t>(T) + pass].w;
-      const uint64_t cur = t.load(std::memory_order_relaxed);
-      if (static_cast<uint32_t>(cur) >= static_cast<uint32_t>(cur >> 32)) continue;
-      const uint64_t w = t.fetch_add(1, std::memory_order_acq_rel);
-      if (static_cast<uint32_t>(w) < static_cast<uint32_t>(w >> 32)) {
-        *unit = static_cast<uint32_t>(w);
-        return true;
+      for (size_t i = 1; i < T; ++i) {
+        if (claim_word(ranges_[pass * T + (worker + i) % T].w, true, unit)) return true;
       }
+      if (claim_word(ranges_[2 * T + pass].w, true, unit)) return true;  // the pass's tail
     }
     return false;
   };
