@@ -4,9 +4,10 @@ A unit is claimed with one fetch_add on a word that holds its end and the next u
 counter (FT_CPU_MOE_CLAIMS=shared, Intel's default) or the range of a pass that each worker starts
 from (ranges, the default elsewhere; the others take from it once theirs is empty). A worker that
 is late from one run (preempted between runs: here 6 threads share the machine's cores) can take a
-unit of the next one and must run it as that run's. Every unit of every run must run exactly once, with the run's own
-task: the outputs are compared, run by run, with the bits of a one-thread executor (whose own
-results the format tests check against float64 references), and the units run are counted.
+unit of the next one and must run it as that run's. Every unit of every run must run exactly once,
+with the run's own task: the outputs are compared, run by run, with the bits of a one-thread
+executor (whose own results the format tests check against float64 references), and the units run
+are counted.
 """
 
 from __future__ import annotations
