@@ -13,6 +13,7 @@ from helpers.checks import (
     run_many_tokens_on_few_experts,
 )
 from helpers.fp4_reference import dequant_fp4, fp8_round_trip, random_fp4, random_scales
+from helpers.int8_bounds import q8_emulate
 from helpers.kernel_variants import assert_kernel_choice_errors, current_variant, tier_fixture
 from helpers.moe_reference import ACTIVATIONS, BF16, activation, random_inputs, random_routes
 
@@ -22,14 +23,15 @@ TIERS = fk.isa_tiers()
 # name, the bf16 kernels once more with two rows at a time at every row length and once with one
 # row at a time (FT_CPU_MOE_MULTIROW_BYTES 0 / its largest value; which one the default takes depends
 # on the CPU's vendor and the rows' length); where this CPU runs AMX-BF16 tiles the amx kernels as
-# they are (tiles for calls of 4+ vectors, int16 / fp32 kernels below) and with tiles for every call.
+# they are (tiles for calls of 4+ vectors, int16 / fp32 kernels below) and with tiles for every call;
+# and the q8 kernels (int8 codes of the round-tripped values, W4A8), whose reference rounds them too.
 VARIANTS = [(t, "auto", "") for t in TIERS if t != "avx512_bf16"]
 if "avx2" in TIERS:
     VARIANTS += [("avx2", "fp32", "")]  # auto is int16 there
 if "avx512" in TIERS:
     VARIANTS += [("avx512", "int16", "")]  # the avx2 tier's int16 kernels next to avx512's fp32 ones
 if "avx512_bf16" in TIERS:
-    VARIANTS += [("avx512_bf16", k, "") for k in ("fp32", "bf16", "int16", "int8")]
+    VARIANTS += [("avx512_bf16", k, "") for k in ("fp32", "bf16", "int16", "int8", "q8")]
     VARIANTS += [("avx512_bf16", "bf16", "", rows) for rows in ("0", "1048576")]
     if fk.cpu_amx_bf16():
         VARIANTS += [("avx512_bf16", "amx", ""), ("avx512_bf16", "amx", "1")]
@@ -41,6 +43,20 @@ def variant_index(isa: str) -> int:
     return VARIANTS.index(current_variant("FT_CPU_MOE_DSFP4_KERNELS", isa))
 
 
+def rounds_to_int8(isa: str) -> bool:
+    """Whether the variant under test runs the q8 kernels: x and h, once round-tripped, rounded again
+    to int8 codes per step of 128 elements (helpers.int8_bounds.q8_emulate gives them exactly)."""
+    return current_variant("FT_CPU_MOE_DSFP4_KERNELS", isa)[1] == "q8"
+
+
+def q8_rows(v: np.ndarray) -> np.ndarray:
+    """Each row of v (fp32) as the q8 kernels see it: int8 codes per step of 128 times the step's
+    amax / 127, the product rounded once to fp32 (what a one-weight row of the kernels returns)."""
+    v = np.asarray(v, np.float32)
+    rows = [q8_emulate(row, 128) for row in v.reshape(-1, v.shape[-1])]
+    return np.stack(rows).reshape(v.shape).astype(np.float32)
+
+
 def make_layer(rng: np.random.Generator, E: int, H: int, I: int) -> dict[str, np.ndarray]:
     return {
         "w13": random_fp4(rng, (E, 2 * I, H // 2)),
@@ -50,8 +66,9 @@ def make_layer(rng: np.random.Generator, E: int, H: int, I: int) -> dict[str, np
     }
 
 
-def reference(banks, x, ids, w, act, act_block, **opts):
-    """(y, scale, slack): the float64 layer with both fp8 round trips (ml_dtypes, fp32 as specified).
+def reference(banks, x, ids, w, act, act_block, q8=False, **opts):
+    """(y, scale, slack): the float64 layer with both fp8 round trips (ml_dtypes, fp32 as specified)
+    and, with q8, both round-tripped vectors rounded again to int8 codes as the q8 kernels do (q8_rows).
 
     x is known exactly, so its round trip is exact here too. The intermediate h is not: the kernels
     compute it in fp32, this in float64, and the e4m3 rounding of h is discontinuous, so an element
@@ -59,12 +76,16 @@ def reference(banks, x, ids, w, act, act_block, **opts):
     of two) may legitimately round the other way. `slack` bounds what that can change: each h is
     round-tripped again after scaling by 1 -+ 1e-4 (far more than the fp32 error of h, ~1e-6
     relative) and every element whose result moves contributes |W_down| * its move. Only the few
-    elements that close to a boundary get slack; a wrong rounding anywhere else fails.
+    elements that close to a boundary get slack; a wrong rounding anywhere else fails. With q8 the
+    int8 rounding follows the round trip in that test as well (an element that rounds the other way
+    in e4m3, or a step whose amax does, moves its int8 codes too). x's int8 codes need no slack: x is
+    exact, and the kernels compute its codes in the fp32 operations q8_emulate does.
     """
+    again = q8_rows if q8 else (lambda v: v)
     w13 = dequant_fp4(banks["w13"], banks["w13_scale"])
     w2 = dequant_fp4(banks["w2"], banks["w2_scale"])
     I = w13.shape[1] // 2
-    xq = fp8_round_trip(x.astype(np.float32), act_block).astype(np.float64)
+    xq = again(fp8_round_trip(x.astype(np.float32), act_block)).astype(np.float64)
     T, H = x.shape
     y, scale, slack = np.zeros((T, H)), np.zeros((T, H)), np.zeros((T, H))
     for t in range(T):
@@ -73,10 +94,10 @@ def reference(banks, x, ids, w, act, act_block, **opts):
             if e < 0:
                 continue
             h = activation(act, w13[e, :I] @ xq[t], w13[e, I:] @ xq[t], **opts).astype(np.float32)
-            hq = fp8_round_trip(h, act_block).astype(np.float64)
+            hq = again(fp8_round_trip(h, act_block)).astype(np.float64)
             move = np.zeros(I)
             for f in (1 - 1e-4, 1 + 1e-4):
-                alt = fp8_round_trip((h.astype(np.float64) * f).astype(np.float32), act_block)
+                alt = again(fp8_round_trip((h.astype(np.float64) * f).astype(np.float32), act_block))
                 move = np.maximum(move, np.abs(alt / f - hq))
             wt = float(w[t, r])
             y[t] += wt * (w2[e] @ hq)
@@ -90,7 +111,9 @@ def check(y, ref, scale, slack, what):
     # on every tier: left are y's bf16 rounding (<= 2^-9 |y|; 2^-8 leaves a factor 2) and fp32
     # accumulation (K * 2^-24 * scale ~ 2^-16 * scale for K <= 300; 2^-13 leaves a factor 8). One
     # element of h off by one e4m3 ulp (2^-3 .. 2^-4 of itself) moves y by ~ 2^-4 * scale / I, above
-    # 2^-13 * scale for every I used here (<= 288).
+    # 2^-13 * scale for every I used here (<= 288). The q8 kernels' sums of int8 codes times 2 * e2m1
+    # are exact integers too, scaled in fp32 (a rounding of 2^-24 per block): the same bound holds
+    # against the reference that rounds x and h to those codes.
     assert_close_to_reference(y, ref, scale, what, rel=2.0**-8, mag=2.0**-13, extra=slack)
 
 
@@ -126,7 +149,7 @@ def test_matches_float64_reference(isa: str, act: str, T: int) -> None:
     w = rng.random((T, top_k)).astype(np.float32)
     y = run_layer(isa, banks, x, ids, w, E, I, act, act_block, opts=opts)
     assert y.dtype == BF16 and y.shape == (T, H)
-    ref, scale, slack = reference(banks, x, ids, w, act, act_block, **opts)
+    ref, scale, slack = reference(banks, x, ids, w, act, act_block, rounds_to_int8(isa), **opts)
     check(y, ref, scale, slack, f"ds_fp4 {isa} act_block={act_block}")
 
 
@@ -148,7 +171,7 @@ def test_scales_the_amx_fold_cannot_take(isa: str) -> None:
     ids = np.array([[t % 2, 1 - t % 2] for t in range(T)], np.int32)
     w = rng.random((T, 2)).astype(np.float32)
     y = run_layer(isa, banks, x, ids, w, E, I)
-    ref, scale, slack = reference(banks, x, ids, w, "silu", 128)
+    ref, scale, slack = reference(banks, x, ids, w, "silu", 128, rounds_to_int8(isa))
     assert np.all(np.isfinite(ref))
     check(y, ref, scale, slack, f"ds_fp4 {isa} scale bytes 0 and 1")
 
@@ -164,10 +187,16 @@ def test_kernel_choice_errors(monkeypatch) -> None:
     assert_kernel_choice_errors(
         monkeypatch,
         "FT_CPU_MOE_DSFP4_KERNELS",
-        "auto, fp32, bf16, int16, int8 or amx",
+        "auto, fp32, bf16, int16, int8, amx or q8",
         add_layer,
         TIERS,
-        tiered=(("bf16", "avx512_bf16"), ("int16", "avx2"), ("int8", "avx512_bf16"), ("amx", "avx512_bf16")),
+        tiered=(
+            ("bf16", "avx512_bf16"),
+            ("int16", "avx2"),
+            ("int8", "avx512_bf16"),
+            ("amx", "avx512_bf16"),
+            ("q8", "avx512_bf16"),
+        ),
     )
     monkeypatch.setenv("FT_CPU_MOE_DSFP4_KERNELS", "fp32")
     add_layer("scalar")
@@ -190,6 +219,17 @@ def identity_layer(N: int) -> dict[str, np.ndarray]:
         "w2": pack(w2),
         "w2_scale": np.full((1, N, N // 32), 127, np.uint8),
     }
+
+
+def expected_y(isa: str, x: np.ndarray, act_block: int) -> np.ndarray:
+    """y of identity_layer for x (one token, bf16, gate = its first round-tripped element, which is
+    >= 17 so that silu(gate) = gate in fp32), as fp32: h = gate * xq in fp32 round-tripped again, in
+    bf16 (exact in bf16 unless the q8 kernels run). For the q8 kernels xq and hq are their int8 codes
+    times amax / 127 in fp32 (q8_rows): the one nonzero product of each row is that, exactly."""
+    again = q8_rows if rounds_to_int8(isa) else (lambda v: v)
+    xq = again(fp8_round_trip(x.astype(np.float32), act_block))
+    assert xq[0, 0] >= 17.0
+    return again(fp8_round_trip(xq[0, 0] * xq, act_block)).astype(BF16).astype(np.float32)
 
 
 @pytest.mark.parametrize(("act_block", "T"), [(32, 1), (128, 1), (32, 8)])
@@ -221,7 +261,10 @@ def test_round_trips_are_bit_exact(isa: str, act_block: int, T: int) -> None:
     xq = fp8_round_trip(x.astype(np.float32), act_block)
     assert xq[0, 0] == 48.0
     expect = fp8_round_trip(np.float32(48.0) * xq, act_block)
-    np.testing.assert_array_equal(y.astype(np.float32), np.repeat(expect, T, axis=0))
+    np.testing.assert_array_equal(y.astype(np.float32), np.repeat(expected_y(isa, x, act_block), T, axis=0))
+    if rounds_to_int8(isa):  # the q8 expectation still holds both round trips: without them it differs
+        xi = q8_rows(x)
+        assert np.any(expected_y(isa, x, act_block) != q8_rows(xi[0, 0] * xi).astype(BF16).astype(np.float32))
     # The test has teeth: the second round trip really rounds, and the tie x[97] / s = 17 rounded
     # away from zero (18) instead of to even (16) would show in y.
     assert np.any(expect != 48 * xq)
@@ -245,10 +288,8 @@ def test_random_round_trips_are_bit_exact(isa: str, act_block: int, seed: int) -
     x = x.astype(BF16)[None, :]
     ids, w = np.zeros((1, 1), np.int32), np.ones((1, 1), np.float32)
     y = run_layer(isa, identity_layer(N), x, ids, w, 1, N, act_block=act_block)
-    xq = fp8_round_trip(x.astype(np.float32), act_block)
-    assert xq[0, 0] == 48.0
-    expect = fp8_round_trip(np.float32(48.0) * xq, act_block)
-    np.testing.assert_array_equal(y.astype(np.float32), expect)
+    assert fp8_round_trip(x.astype(np.float32), act_block)[0, 0] == 48.0
+    np.testing.assert_array_equal(y.astype(np.float32), expected_y(isa, x, act_block))
 
 
 def test_many_tokens_on_few_experts(isa: str) -> None:
@@ -269,7 +310,7 @@ def test_many_tokens_on_few_experts(isa: str) -> None:
         intermediate=I,
         options={"act_block": float(act_block)},
     )
-    ref, scale, slack = reference(banks, x, ids, w, "gelu", act_block)
+    ref, scale, slack = reference(banks, x, ids, w, "gelu", act_block, rounds_to_int8(isa))
     check(y, ref, scale, slack, f"ds_fp4 {isa} many tokens")
 
 

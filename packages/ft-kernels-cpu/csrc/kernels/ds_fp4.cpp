@@ -123,7 +123,7 @@ class DsFp4Format final : public MoeFormat {
   // `large_from` vectors, and (large_from > 0) a second one after it for the larger calls: the bf16
   // layout of the AMX tiles, or the fp32 layout where the int16 kernels of the avx2 tier lose to the
   // fp32 ones (their per-vector work is larger, the decode cheaper).
-  enum class Layout { fp32, bf16, int16, int8 };
+  enum class Layout { fp32, bf16, int16, int8, q8 };
   struct Plan {
     Layout small;
     Layout large;
@@ -146,6 +146,7 @@ class DsFp4Format final : public MoeFormat {
       case dsfp4::Kernels::bf16: return {Layout::bf16, Layout::bf16, 0};
       case dsfp4::Kernels::int8: return {Layout::int8, Layout::int8, 0};
       case dsfp4::Kernels::amx: return {Layout::int8, Layout::bf16, amx_min};
+      case dsfp4::Kernels::q8: return {Layout::q8, Layout::q8, 0};
       case dsfp4::Kernels::int16: break;
     }
     if (isa == Isa::avx512_bf16) return {x ? Layout::int16 : Layout::fp32, Layout::fp32, 0};
@@ -157,6 +158,7 @@ class DsFp4Format final : public MoeFormat {
       case Layout::bf16: return dsfp4::vec_bytes(K);
       case Layout::int16: return dsfp4::int16_vec_bytes(K);
       case Layout::int8: return dsfp4::int8_vec_bytes(K);
+      case Layout::q8: return fp4::q8_vec_bytes(K) + fp4::q8g_vec_bytes(K);
     }
     return 0;
   }
@@ -189,6 +191,11 @@ class DsFp4Format final : public MoeFormat {
     for (int g = i0; g < i1; g += kPrepRows) {
       const int n = std::min(kPrepRows, i1 - g);
       dsfp4::fp8_round_trip(p_.isa, v + (g - i0), n, act_block_, q);
+      if (P.small == Layout::q8) {  // step records, then group records
+        fp4::q8_prep_vec(q, g, g + n, K, out);
+        fp4::q8g_prep_vec(q, g, g + n, K, static_cast<char*>(out) + fp4::q8_vec_bytes(K));
+        continue;
+      }
       fp4::prep_vec(p_.isa, q, g, g + n, out);
       if (second && P.large == Layout::bf16) dsfp4::bf16_layout(q, g, g + n, second);
     }
@@ -220,6 +227,15 @@ class DsFp4Format final : public MoeFormat {
         return;
       case Layout::bf16: dsfp4::dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_); return;
       case Layout::int8: dsfp4::int8_dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_); return;
+      case Layout::q8:
+        if (n == 1) {
+          fp4::q8_dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_);
+        } else {
+          const void* xg[kMaxTokensPerCall];
+          for (int j = 0; j < n; ++j) xg[j] = static_cast<const char*>(xs[j]) + fp4::q8_vec_bytes(K);
+          fp4::q8g_dot_rows_multi(W, S, nrows, xg, n, K, out, os, pf_);
+        }
+        return;
       case Layout::fp32: fp4::dot_rows_multi(p_.isa, W, S, nrows, xs, n, K, out, os, pf_); return;
     }
   }

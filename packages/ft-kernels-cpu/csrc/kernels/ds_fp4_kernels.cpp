@@ -662,8 +662,9 @@ Kernels choose_kernels(Isa isa) {
        {"bf16", Isa::avx512_bf16},
        {"int16", Isa::avx2},
        {"int8", Isa::avx512_bf16},
-       {"amx", Isa::avx512_bf16}},
-      "auto, fp32, bf16, int16, int8 or amx");
+       {"amx", Isa::avx512_bf16},
+       {"q8", Isa::avx512_bf16}},
+      "auto, fp32, bf16, int16, int8, amx or q8");
   if (v == "auto") {
     if (isa == Isa::avx2) return Kernels::int16;
     if (isa != Isa::avx512_bf16) return Kernels::fp32;
@@ -674,6 +675,7 @@ Kernels choose_kernels(Isa isa) {
          : v == "bf16"  ? Kernels::bf16
          : v == "int16" ? Kernels::int16
          : v == "int8"  ? Kernels::int8
+         : v == "q8"    ? Kernels::q8
                         : Kernels::fp32;
 }
 

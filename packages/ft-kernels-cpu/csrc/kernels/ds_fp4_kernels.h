@@ -30,8 +30,11 @@ namespace dsfp4 {
 //   int8   int8_dot_rows_multi below (VPDPBUSD over digit planes) against x and h: avx512_bf16.
 //   amx    amx_dot_rows_multi below (AMX-BF16 tiles) for calls of at least amx::min_vectors() vectors,
 //          int8 for the others (prepared vectors in two layouts): avx512_bf16 on a CPU with AMX-BF16.
-enum class Kernels { fp32, bf16, int16, int8, amx };
-// $FT_CPU_MOE_DSFP4_KERNELS (auto, fp32, bf16, int16, int8 or amx), read when a layer is made; auto
+//   q8     mxfp4's int8-activation kernels (fp4_common.h's q8_* for one vector, q8g_* for several)
+//          against x and h rounded once more after their round trip, to int8 codes per step of 128
+//          (W4A8: not exact; one VPDPBUSD pair per 64 bytes of weights): avx512_bf16.
+enum class Kernels { fp32, bf16, int16, int8, amx, q8 };
+// $FT_CPU_MOE_DSFP4_KERNELS (auto, fp32, bf16, int16, int8, amx or q8), read when a layer is made; auto
 // or unset is int16 in the avx2 tier, fp32 in scalar and avx512, and in avx512_bf16 amx where the CPU
 // has AMX-BF16, else int8 on Intel (where VDPBF16PS costs ~2.5 cycles) and bf16 on AMD. Asking for
 // kernels the tier or the CPU cannot run raises.
