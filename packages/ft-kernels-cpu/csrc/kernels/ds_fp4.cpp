@@ -4,11 +4,13 @@
 // fp8_round_trip): x before gate/up (prep_input), the activated intermediate before down
 // (prep_inter). The round-tripped values are q * 2^k with a 4-bit significand, exact in bf16 and as
 // integers in units of 2^-9 of their scale, so the kernels lose nothing by holding them as bf16,
-// int16 or int8 digit planes. Kernels (ds_fp4_kernels.h, choose_kernels): in the avx512_bf16 tier,
-// where the CPU has AMX tiles, those (ds_fp4_amx.cpp) for calls of 4 or more vectors, for the rest
-// the int8 kernels (VPDPBUSD over digit planes, ds_fp4_kernels.cpp) against x and h; without AMX the
-// int8 kernels on Intel and VDPBF16PS on AMD; in the avx2 tier int16 kernels (VPMADDWD,
-// ds_fp4_avx2.cpp) against both; the fp32 kernels in the avx512 and scalar tiers.
+// int16 or int8 digit planes. Kernels (ds_fp4_kernels.h, choose_kernels): in the avx512_bf16 tier
+// q8 by default, W4A8: the round-tripped x and h rounded once more to int8 codes per step of 128,
+// against mxfp4's VNNI kernels (fp4_kernels.cpp), the fastest there on Intel and AMD; by name the
+// exact ones: AMX tiles (ds_fp4_amx.cpp) for calls of 4 or more vectors and int8 digit planes
+// (VPDPBUSD, ds_fp4_kernels.cpp) for the rest, the int8 kernels alone, VDPBF16PS, int16, fp32. In the
+// avx2 tier int16 kernels (VPMADDWD, ds_fp4_avx2.cpp) against both; the fp32 kernels in the avx512
+// and scalar tiers.
 //
 // Banks (E experts, H hidden, I intermediate; H and I multiples of 32):
 //   w13        [E, 2I, H/2]  u8   gate rows 0..I-1, then up rows I..2I-1 (not interleaved)

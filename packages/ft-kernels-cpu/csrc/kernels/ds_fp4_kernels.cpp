@@ -667,9 +667,7 @@ Kernels choose_kernels(Isa isa) {
       "auto, fp32, bf16, int16, int8, amx or q8");
   if (v == "auto") {
     if (isa == Isa::avx2) return Kernels::int16;
-    if (isa != Isa::avx512_bf16) return Kernels::fp32;
-    if (cpu_amx_bf16()) return Kernels::amx;
-    return cpu_is_intel() ? Kernels::int8 : Kernels::bf16;
+    return isa == Isa::avx512_bf16 ? Kernels::q8 : Kernels::fp32;
   }
   return v == "amx"     ? Kernels::amx
          : v == "bf16"  ? Kernels::bf16

@@ -35,8 +35,12 @@ namespace dsfp4 {
 //          (W4A8: not exact; one VPDPBUSD pair per 64 bytes of weights): avx512_bf16.
 enum class Kernels { fp32, bf16, int16, int8, amx, q8 };
 // $FT_CPU_MOE_DSFP4_KERNELS (auto, fp32, bf16, int16, int8, amx or q8), read when a layer is made; auto
-// or unset is int16 in the avx2 tier, fp32 in scalar and avx512, and in avx512_bf16 amx where the CPU
-// has AMX-BF16, else int8 on Intel (where VDPBF16PS costs ~2.5 cycles) and bf16 on AMD. Asking for
+// or unset is int16 in the avx2 tier, fp32 in scalar and avx512, and q8 in avx512_bf16 on every CPU:
+// it ran batch 1 and 8 faster than the exact kernels on the GPU machine's Xeon (16 threads: 174 against
+// 194 us a step at batch 1, 344 against 399 at batch 8 sharing its experts, where auto was amx) and on
+// a Zen 5 core from L3 (45.6 against 38 GB/s of weights; batch 8 13.0 against 9.7, where auto was
+// bf16; docs/benchmarks.md, twenty-sixth session). The exact kernels stay by name: int8 on Intel
+// (where VDPBF16PS costs ~2.5 cycles), bf16 on AMD, amx with AMX-BF16 for batches. Asking for
 // kernels the tier or the CPU cannot run raises.
 Kernels choose_kernels(Isa isa);
 

@@ -42,9 +42,9 @@ def isa() -> str:
 
 def cpu_amx_bf16() -> bool:
     """Whether this process can run AMX-BF16 tiles (CPU, OS state and, on Linux, the permission to
-    use tile data, requested on the first call). ds_fp4 and fp8_block layers of the avx512_bf16 tier
-    put calls of several vectors on them when it can ($FT_CPU_MOE_DSFP4_KERNELS,
-    $FT_CPU_MOE_FP8_KERNELS, $FT_CPU_MOE_AMX_MIN; README)."""
+    use tile data, requested on the first call). fp8_block layers of the avx512_bf16 tier put calls of
+    several vectors on them when it can, ds_fp4 layers when asked to ($FT_CPU_MOE_FP8_KERNELS,
+    $FT_CPU_MOE_DSFP4_KERNELS=amx, $FT_CPU_MOE_AMX_MIN; README)."""
     return bool(_native.cpu_amx_bf16())
 
 
