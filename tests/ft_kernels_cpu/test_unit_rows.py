@@ -82,7 +82,7 @@ def test_stream_chain_never_changes_results(fmt: str, monkeypatch: pytest.Monkey
     want = run_format(fmt, threads=1)
     assert np.any(want != 0)
     monkeypatch.delenv("FT_CPU_MOE_CHAIN")  # the default
-    for claims in ("shared", "ranges", "strided"):  # the pool's claim policies (worker_pool.h)
+    for claims in ("shared", "ranges"):  # the pool's claim policies (worker_pool.h)
         monkeypatch.setenv("FT_CPU_MOE_CLAIMS", claims)
         for rows in ("0,0", "8,16"):
             monkeypatch.setenv("FT_CPU_MOE_UNIT_ROWS", rows)
@@ -94,9 +94,9 @@ def test_stream_chain_never_changes_results(fmt: str, monkeypatch: pytest.Monkey
                 if prefetch:
                     # The format's unit_streams match its kernels' streams: units link their streams
                     # on. With one counter nearly every unit claims its successor ahead (all but each
-                    # worker's last, and those claimed as workers come free); with ranges (strided)
-                    # only within a worker's own range (units), and one that another worker empties
-                    # (3 threads on this machine's cores) takes fewer.
+                    # worker's last, and those claimed as workers come free); with ranges only within
+                    # a worker's own range, and a range that another worker empties (3 threads on
+                    # this machine's cores) takes fewer.
                     units = prof["units1"] + prof["units2"]
                     least = units // 2 if claims == "shared" else 1
                     assert prof["chain_links"] >= least, (msg, prof["chain_links"], units)

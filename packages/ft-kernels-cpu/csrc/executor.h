@@ -51,16 +51,8 @@ class MoeExecutor {
   int top_k() const { return top_k_; }
   int max_tokens() const { return max_tokens_; }
   int num_threads() const { return pool_.num_threads(); }
-  // How the pool's workers claim units: "ranges", "strided" or "shared" (WorkerPool::Claims,
-  // $FT_CPU_MOE_CLAIMS).
-  std::string claims() const {
-    switch (pool_.claims()) {
-      case WorkerPool::Claims::kRanges: return "ranges";
-      case WorkerPool::Claims::kStrided: return "strided";
-      case WorkerPool::Claims::kShared: break;
-    }
-    return "shared";
-  }
+  // How the pool's workers claim units: "ranges" or "shared" (WorkerPool::Claims, $FT_CPU_MOE_CLAIMS).
+  std::string claims() const { return pool_.claims() == WorkerPool::Claims::kRanges ? "ranges" : "shared"; }
   Isa isa() const { return isa_; }
   // prefetch_bytes, else $FT_CPU_MOE_PREFETCH, else 8192. A layer's format may prefetch less when
   // neither is set (bf16 on AMD: none in one-vector calls; layer_prefetch_bytes).

@@ -81,12 +81,10 @@ WorkerPool::Claims parse_claims() {
   if (env == nullptr || *env == '\0') return cpu_is_intel() ? WorkerPool::Claims::kShared : WorkerPool::Claims::kRanges;
   const std::string v(env);
   if (v == "ranges") return WorkerPool::Claims::kRanges;
-  if (v == "strided") return WorkerPool::Claims::kStrided;
   if (v == "shared") return WorkerPool::Claims::kShared;
   throw Error("FT_CPU_MOE_CLAIMS='" + v +
-              "' must be 'ranges' (each worker takes a contiguous range of each pass's units first), 'strided' "
-              "(each worker takes every num_threads-th unit of each pass first) or 'shared' (one counter hands "
-              "out every unit in order)");
+              "' must be 'ranges' (each worker takes a contiguous range of each pass's units first) or 'shared' "
+              "(one counter hands out every unit in order)");
 }
 
 }  // namespace
@@ -143,18 +141,16 @@ void WorkerPool::run(uint32_t n1, uint32_t n2, PoolJob* job) {
   n1_.store(n1, std::memory_order_relaxed);
   n2_.store(n2, std::memory_order_relaxed);
   next_.store(static_cast<uint64_t>(n1 + n2) << 32, std::memory_order_release);
-  if (claims_ != Claims::kShared) {
-    // Range w of a pass of n units: [n w / T, n (w + 1) / T), as a claim word (end << 32 | next);
-    // strided: worker w's count of the units w, w + T, ... below n (end << 32 | 0). A worker late
-    // from the last run that claims from one acquires the job's fields with it.
+  if (claims_ == Claims::kRanges) {
+    // Range w of a pass of n units: [n w / T, n (w + 1) / T), as a claim word (end << 32 | next). A
+    // worker late from the last run that claims from one acquires the job's fields with it.
     const uint64_t T = static_cast<uint64_t>(num_threads_);
     for (int p = 0; p < 2; ++p) {
       const uint64_t base = p ? n1 : 0, all = p ? n2 : n1;
       const uint64_t tail = std::min<uint64_t>(all, job->tail_units(p)), n = all - tail;
       for (uint64_t w = 0; w < T; ++w) {
         const uint64_t b = base + n * w / T, e = base + n * (w + 1) / T;
-        const uint64_t word = claims_ == Claims::kRanges ? e << 32 | b : (n > w ? (n - w + T - 1) / T : 0) << 32;
-        ranges_[p * T + w].w.store(word, std::memory_order_release);
+        ranges_[p * T + w].w.store(e << 32 | b, std::memory_order_release);
       }
       ranges_[2 * T + p].w.store((base + all) << 32 | (base + n), std::memory_order_release);
     }
@@ -251,30 +247,19 @@ void WorkerPool::work(int worker) {
     *unit = static_cast<uint32_t>(w);
     return true;
   };
-  // Strided: a worker word's k-th unit is the pass's first + k T + the word's worker (n1 is the run's:
-  // a claim from a worker word is made only while that run's words are open, as in claim()).
-  const bool strided = claims_ == Claims::kStrided;
-  auto claim_own = [&](size_t p, size_t owner, bool peek, uint32_t* unit) {
-    if (!claim_word(ranges_[p * num_threads_ + owner].w, peek, unit)) return false;
-    if (strided) {
-      const uint32_t base = p ? n1_.load(std::memory_order_relaxed) : 0;
-      *unit = base + *unit * static_cast<uint32_t>(num_threads_) + static_cast<uint32_t>(owner);
-    }
-    return true;
-  };
   auto claim_ranges = [&](uint32_t* unit, bool ahead) {
     const size_t T = static_cast<size_t>(num_threads_);
     for (; pass < 2; ++pass) {
-      if (claim_own(pass, worker, false, unit)) return true;
+      if (claim_word(ranges_[pass * T + worker].w, false, unit)) return true;
       if (ahead) return false;
       for (size_t i = 1; i < T; ++i) {
-        if (claim_own(pass, (worker + i) % T, true, unit)) return true;
+        if (claim_word(ranges_[pass * T + (worker + i) % T].w, true, unit)) return true;
       }
       if (claim_word(ranges_[2 * T + pass].w, true, unit)) return true;  // the pass's tail
     }
     return false;
   };
-  const bool ranges = claims_ != Claims::kShared;
+  const bool ranges = claims_ == Claims::kRanges;
   auto take = [&](uint32_t* unit, bool ahead) { return ranges ? claim_ranges(unit, ahead) : claim(unit, ahead); };
   uint32_t unit = 0;
   if (!take(&unit, false)) return;

@@ -74,13 +74,8 @@ class WorkerPool {
   // num_threads contiguous ranges, worker w takes range w's units in order, then the other ranges'
   // (in order, from the same cursors) once its own is empty, and pass 2 only once no pass-1 unit is
   // left unclaimed; each worker's units then follow each other in memory (one long weight stream)
-  // until the pass's last units. kStrided: as kRanges, but worker w's units of a pass are w, w + T,
-  // w + 2T, ... (T = num_threads): the order in which one counter hands them out, so the experts'
-  // pass-1 units complete one expert after another as with kShared, while each claim is a fetch_add
-  // on the worker's own word (no line that every worker writes at every unit) and a run's first claims
-  // do not queue on one word. $FT_CPU_MOE_CLAIMS ("ranges", "strided" or "shared") picks; see
-  // worker_pool.cpp.
-  enum class Claims { kShared, kRanges, kStrided };
+  // until the pass's last units. $FT_CPU_MOE_CLAIMS ("ranges" or "shared") picks; see worker_pool.cpp.
+  enum class Claims { kShared, kRanges };
   explicit WorkerPool(int num_threads);
   Claims claims() const { return claims_; }
   ~WorkerPool();
@@ -122,9 +117,7 @@ class WorkerPool {
   alignas(64) std::atomic<uint64_t> next_{0};
   // kRanges: per pass and worker, a claim word as next_ (the range's end in the high half, its next
   // unit in the low half), each on a cache line of its own: [pass * num_threads + w]; then the words
-  // of the passes' tails (PoolJob::tail_units), [2 * num_threads + pass]. kStrided: the same words,
-  // but a worker's word counts its units (k-th unit: the pass's first + k * num_threads + w); the
-  // tails' words hold units as under kRanges.
+  // of the passes' tails (PoolJob::tail_units), [2 * num_threads + pass].
   struct alignas(64) RangeWord {
     std::atomic<uint64_t> w{0};
   };
