@@ -18,18 +18,19 @@ from helpers.kernel_variants import assert_kernel_choice_errors, current_variant
 from helpers.moe_reference import ACTIVATIONS, BF16, activation, random_inputs, random_routes
 
 TIERS = fk.isa_tiers()
-# (tier, FT_CPU_MOE_DSFP4_KERNELS, FT_CPU_MOE_AMX_MIN): each tier's default kernels, avx2's fp32
-# kernels (its default is int16), avx512 with int16, and in avx512_bf16 each of its kernels by
-# name, the bf16 kernels once more with two rows at a time at every row length and once with one
-# row at a time (FT_CPU_MOE_MULTIROW_BYTES 0 / its largest value; which one the default takes depends
-# on the CPU's vendor and the rows' length); where this CPU runs AMX-BF16 tiles the amx kernels as
-# they are (tiles for calls of 4+ vectors, int16 / fp32 kernels below) and with tiles for every call;
-# and the q8 kernels (int8 codes of the round-tripped values, W4A8), whose reference rounds them too.
+# (tier, FT_CPU_MOE_DSFP4_KERNELS, FT_CPU_MOE_AMX_MIN): each tier's default kernels (q8 from avx2 up,
+# fp32 in scalar), avx2's exact int16 and fp32 kernels, avx512's fp32 and int16 ones, and in
+# avx512_bf16 each of its kernels by name, the bf16 kernels once more with two rows at a time at every
+# row length and once with one row at a time (FT_CPU_MOE_MULTIROW_BYTES 0 / its largest value; which
+# one they take by default depends on the CPU's vendor and the rows' length); where this CPU runs
+# AMX-BF16 tiles the amx kernels as they are (tiles for calls of 4+ vectors, int8 kernels below) and
+# with tiles for every call. The q8 kernels (int8 codes of the round-tripped values, W4A8) are
+# checked against a reference that rounds them too (int8_group).
 VARIANTS = [(t, "auto", "") for t in TIERS if t != "avx512_bf16"]
 if "avx2" in TIERS:
-    VARIANTS += [("avx2", "fp32", "")]  # auto is int16 there
+    VARIANTS += [("avx2", "int16", ""), ("avx2", "fp32", "")]
 if "avx512" in TIERS:
-    VARIANTS += [("avx512", "int16", "")]  # the avx2 tier's int16 kernels next to avx512's fp32 ones
+    VARIANTS += [("avx512", "fp32", ""), ("avx512", "int16", "")]  # avx2's int16 kernels beside fp32
 if "avx512_bf16" in TIERS:
     VARIANTS += [("avx512_bf16", k, "") for k in ("fp32", "bf16", "int16", "int8", "q8")]
     VARIANTS += [("avx512_bf16", "bf16", "", rows) for rows in ("0", "1048576")]
@@ -43,17 +44,24 @@ def variant_index(isa: str) -> int:
     return VARIANTS.index(current_variant("FT_CPU_MOE_DSFP4_KERNELS", isa))
 
 
-def rounds_to_int8(isa: str) -> bool:
-    """Whether the variant under test runs the q8 kernels: x and h, once round-tripped, rounded again
-    to int8 codes per step of 128 elements (helpers.int8_bounds.q8_emulate gives them exactly)."""
-    return current_variant("FT_CPU_MOE_DSFP4_KERNELS", isa)[1] == "q8"
+def int8_group(isa: str) -> int:
+    """Elements per int8 scale when the variant under test runs the q8 kernels (x and h, once
+    round-tripped, rounded again to int8 codes: helpers.int8_bounds.q8_emulate gives them exactly):
+    steps of 128 in the avx512_bf16 tier (mxfp4's VNNI records), blocks of 32 below it (its
+    VPMADDUBSW records); 0 for the exact kernels. `auto` is q8 from avx2 up (ds_fp4_kernels.h)."""
+    kernels = current_variant("FT_CPU_MOE_DSFP4_KERNELS", isa)[1]
+    if kernels == "auto":
+        kernels = "fp32" if isa == "scalar" else "q8"
+    if kernels != "q8":
+        return 0
+    return 128 if isa == "avx512_bf16" else 32
 
 
-def q8_rows(v: np.ndarray) -> np.ndarray:
-    """Each row of v (fp32) as the q8 kernels see it: int8 codes per step of 128 times the step's
-    amax / 127, the product rounded once to fp32 (what a one-weight row of the kernels returns)."""
+def q8_rows(v: np.ndarray, group: int) -> np.ndarray:
+    """Each row of v (fp32) as the q8 kernels see it: int8 codes per `group` elements times the
+    group's amax / 127, the product rounded once to fp32 (what a one-weight row of the kernels returns)."""
     v = np.asarray(v, np.float32)
-    rows = [q8_emulate(row, 128) for row in v.reshape(-1, v.shape[-1])]
+    rows = [q8_emulate(row, group) for row in v.reshape(-1, v.shape[-1])]
     return np.stack(rows).reshape(v.shape).astype(np.float32)
 
 
@@ -66,9 +74,10 @@ def make_layer(rng: np.random.Generator, E: int, H: int, I: int) -> dict[str, np
     }
 
 
-def reference(banks, x, ids, w, act, act_block, q8=False, **opts):
+def reference(banks, x, ids, w, act, act_block, group=0, **opts):
     """(y, scale, slack): the float64 layer with both fp8 round trips (ml_dtypes, fp32 as specified)
-    and, with q8, both round-tripped vectors rounded again to int8 codes as the q8 kernels do (q8_rows).
+    and, for group > 0, both round-tripped vectors rounded again to int8 codes per `group` elements
+    as the q8 kernels do (q8_rows).
 
     x is known exactly, so its round trip is exact here too. The intermediate h is not: the kernels
     compute it in fp32, this in float64, and the e4m3 rounding of h is discontinuous, so an element
@@ -81,7 +90,7 @@ def reference(banks, x, ids, w, act, act_block, q8=False, **opts):
     in e4m3, or a step whose amax does, moves its int8 codes too). x's int8 codes need no slack: x is
     exact, and the kernels compute its codes in the fp32 operations q8_emulate does.
     """
-    again = q8_rows if q8 else (lambda v: v)
+    again = (lambda v: q8_rows(v, group)) if group else (lambda v: v)
     w13 = dequant_fp4(banks["w13"], banks["w13_scale"])
     w2 = dequant_fp4(banks["w2"], banks["w2_scale"])
     I = w13.shape[1] // 2
@@ -149,7 +158,7 @@ def test_matches_float64_reference(isa: str, act: str, T: int) -> None:
     w = rng.random((T, top_k)).astype(np.float32)
     y = run_layer(isa, banks, x, ids, w, E, I, act, act_block, opts=opts)
     assert y.dtype == BF16 and y.shape == (T, H)
-    ref, scale, slack = reference(banks, x, ids, w, act, act_block, rounds_to_int8(isa), **opts)
+    ref, scale, slack = reference(banks, x, ids, w, act, act_block, int8_group(isa), **opts)
     check(y, ref, scale, slack, f"ds_fp4 {isa} act_block={act_block}")
 
 
@@ -171,7 +180,7 @@ def test_scales_the_amx_fold_cannot_take(isa: str) -> None:
     ids = np.array([[t % 2, 1 - t % 2] for t in range(T)], np.int32)
     w = rng.random((T, 2)).astype(np.float32)
     y = run_layer(isa, banks, x, ids, w, E, I)
-    ref, scale, slack = reference(banks, x, ids, w, "silu", 128, rounds_to_int8(isa))
+    ref, scale, slack = reference(banks, x, ids, w, "silu", 128, int8_group(isa))
     assert np.all(np.isfinite(ref))
     check(y, ref, scale, slack, f"ds_fp4 {isa} scale bytes 0 and 1")
 
@@ -195,7 +204,7 @@ def test_kernel_choice_errors(monkeypatch) -> None:
             ("int16", "avx2"),
             ("int8", "avx512_bf16"),
             ("amx", "avx512_bf16"),
-            ("q8", "avx512_bf16"),
+            ("q8", "avx2"),
         ),
     )
     monkeypatch.setenv("FT_CPU_MOE_DSFP4_KERNELS", "fp32")
@@ -226,7 +235,8 @@ def expected_y(isa: str, x: np.ndarray, act_block: int) -> np.ndarray:
     >= 17 so that silu(gate) = gate in fp32), as fp32: h = gate * xq in fp32 round-tripped again, in
     bf16 (exact in bf16 unless the q8 kernels run). For the q8 kernels xq and hq are their int8 codes
     times amax / 127 in fp32 (q8_rows): the one nonzero product of each row is that, exactly."""
-    again = q8_rows if rounds_to_int8(isa) else (lambda v: v)
+    group = int8_group(isa)
+    again = (lambda v: q8_rows(v, group)) if group else (lambda v: v)
     xq = again(fp8_round_trip(x.astype(np.float32), act_block))
     assert xq[0, 0] >= 17.0
     return again(fp8_round_trip(xq[0, 0] * xq, act_block)).astype(BF16).astype(np.float32)
@@ -262,9 +272,11 @@ def test_round_trips_are_bit_exact(isa: str, act_block: int, T: int) -> None:
     assert xq[0, 0] == 48.0
     expect = fp8_round_trip(np.float32(48.0) * xq, act_block)
     np.testing.assert_array_equal(y.astype(np.float32), np.repeat(expected_y(isa, x, act_block), T, axis=0))
-    if rounds_to_int8(isa):  # the q8 expectation still holds both round trips: without them it differs
-        xi = q8_rows(x)
-        assert np.any(expected_y(isa, x, act_block) != q8_rows(xi[0, 0] * xi).astype(BF16).astype(np.float32))
+    group = int8_group(isa)
+    if group:  # the q8 expectation still holds both round trips: without them it differs
+        xi = q8_rows(x, group)
+        without = q8_rows(xi[0, 0] * xi, group).astype(BF16).astype(np.float32)
+        assert np.any(expected_y(isa, x, act_block) != without)
     # The test has teeth: the second round trip really rounds, and the tie x[97] / s = 17 rounded
     # away from zero (18) instead of to even (16) would show in y.
     assert np.any(expect != 48 * xq)
@@ -310,7 +322,7 @@ def test_many_tokens_on_few_experts(isa: str) -> None:
         intermediate=I,
         options={"act_block": float(act_block)},
     )
-    ref, scale, slack = reference(banks, x, ids, w, "gelu", act_block, rounds_to_int8(isa))
+    ref, scale, slack = reference(banks, x, ids, w, "gelu", act_block, int8_group(isa))
     check(y, ref, scale, slack, f"ds_fp4 {isa} many tokens")
 
 

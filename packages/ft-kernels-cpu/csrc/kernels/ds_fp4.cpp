@@ -4,13 +4,13 @@
 // fp8_round_trip): x before gate/up (prep_input), the activated intermediate before down
 // (prep_inter). The round-tripped values are q * 2^k with a 4-bit significand, exact in bf16 and as
 // integers in units of 2^-9 of their scale, so the kernels lose nothing by holding them as bf16,
-// int16 or int8 digit planes. Kernels (ds_fp4_kernels.h, choose_kernels): in the avx512_bf16 tier
-// q8 by default, W4A8: the round-tripped x and h rounded once more to int8 codes per step of 128,
-// against mxfp4's VNNI kernels (fp4_kernels.cpp), the fastest there on Intel and AMD; by name the
-// exact ones: AMX tiles (ds_fp4_amx.cpp) for calls of 4 or more vectors and int8 digit planes
-// (VPDPBUSD, ds_fp4_kernels.cpp) for the rest, the int8 kernels alone, VDPBF16PS, int16, fp32. In the
-// avx2 tier int16 kernels (VPMADDWD, ds_fp4_avx2.cpp) against both; the fp32 kernels in the avx512
-// and scalar tiers.
+// int16 or int8 digit planes. Kernels (ds_fp4_kernels.h, choose_kernels): q8 by default from the
+// avx2 tier up, W4A8: the round-tripped x and h rounded once more to int8 codes, against mxfp4's
+// int8 kernels (fp4_kernels.cpp: VNNI, codes per step of 128, in avx512_bf16; VPMADDUBSW, codes per
+// block of 32, in avx2 and avx512), the fastest in every tier measured; fp32 in scalar. By name the
+// exact ones: in avx512_bf16 AMX tiles (ds_fp4_amx.cpp) for calls of 4 or more vectors and int8
+// digit planes (VPDPBUSD, ds_fp4_kernels.cpp) for the rest, the int8 kernels alone, VDPBF16PS; from
+// avx2 up int16 (VPMADDWD, ds_fp4_avx2.cpp in avx2 and avx512) and fp32.
 //
 // Banks (E experts, H hidden, I intermediate; H and I multiples of 32):
 //   w13        [E, 2I, H/2]  u8   gate rows 0..I-1, then up rows I..2I-1 (not interleaved)
@@ -125,7 +125,7 @@ class DsFp4Format final : public MoeFormat {
   // `large_from` vectors, and (large_from > 0) a second one after it for the larger calls: the bf16
   // layout of the AMX tiles, or the fp32 layout where the int16 kernels of the avx2 tier lose to the
   // fp32 ones (their per-vector work is larger, the decode cheaper).
-  enum class Layout { fp32, bf16, int16, int8, q8 };
+  enum class Layout { fp32, bf16, int16, int8, q8, q8a };
   struct Plan {
     Layout small;
     Layout large;
@@ -148,7 +148,10 @@ class DsFp4Format final : public MoeFormat {
       case dsfp4::Kernels::bf16: return {Layout::bf16, Layout::bf16, 0};
       case dsfp4::Kernels::int8: return {Layout::int8, Layout::int8, 0};
       case dsfp4::Kernels::amx: return {Layout::int8, Layout::bf16, amx_min};
-      case dsfp4::Kernels::q8: return {Layout::q8, Layout::q8, 0};
+      case dsfp4::Kernels::q8: {
+        const Layout L = isa == Isa::avx512_bf16 ? Layout::q8 : Layout::q8a;
+        return {L, L, 0};
+      }
       case dsfp4::Kernels::int16: break;
     }
     if (isa == Isa::avx512_bf16) return {x ? Layout::int16 : Layout::fp32, Layout::fp32, 0};
@@ -161,6 +164,7 @@ class DsFp4Format final : public MoeFormat {
       case Layout::int16: return dsfp4::int16_vec_bytes(K);
       case Layout::int8: return dsfp4::int8_vec_bytes(K);
       case Layout::q8: return fp4::q8_vec_bytes(K) + fp4::q8g_vec_bytes(K);
+      case Layout::q8a: return fp4::q8a_vec_bytes(K);
     }
     return 0;
   }
@@ -196,6 +200,10 @@ class DsFp4Format final : public MoeFormat {
       if (P.small == Layout::q8) {  // step records, then group records
         fp4::q8_prep_vec(q, g, g + n, K, out);
         fp4::q8g_prep_vec(q, g, g + n, K, static_cast<char*>(out) + fp4::q8_vec_bytes(K));
+        continue;
+      }
+      if (P.small == Layout::q8a) {
+        fp4::q8a_prep_vec(q, g, g + n, out);
         continue;
       }
       fp4::prep_vec(p_.isa, q, g, g + n, out);
@@ -238,6 +246,7 @@ class DsFp4Format final : public MoeFormat {
           fp4::q8g_dot_rows_multi(W, S, nrows, xg, n, K, out, os, pf_);
         }
         return;
+      case Layout::q8a: fp4::q8a_dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_); return;
       case Layout::fp32: fp4::dot_rows_multi(p_.isa, W, S, nrows, xs, n, K, out, os, pf_); return;
     }
   }

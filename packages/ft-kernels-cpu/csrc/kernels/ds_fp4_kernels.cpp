@@ -663,12 +663,9 @@ Kernels choose_kernels(Isa isa) {
        {"int16", Isa::avx2},
        {"int8", Isa::avx512_bf16},
        {"amx", Isa::avx512_bf16},
-       {"q8", Isa::avx512_bf16}},
+       {"q8", Isa::avx2}},
       "auto, fp32, bf16, int16, int8, amx or q8");
-  if (v == "auto") {
-    if (isa == Isa::avx2) return Kernels::int16;
-    return isa == Isa::avx512_bf16 ? Kernels::q8 : Kernels::fp32;
-  }
+  if (v == "auto") return isa >= Isa::avx2 ? Kernels::q8 : Kernels::fp32;
   return v == "amx"     ? Kernels::amx
          : v == "bf16"  ? Kernels::bf16
          : v == "int16" ? Kernels::int16

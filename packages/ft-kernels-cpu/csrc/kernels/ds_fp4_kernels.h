@@ -30,18 +30,20 @@ namespace dsfp4 {
 //   int8   int8_dot_rows_multi below (VPDPBUSD over digit planes) against x and h: avx512_bf16.
 //   amx    amx_dot_rows_multi below (AMX-BF16 tiles) for calls of at least amx::min_vectors() vectors,
 //          int8 for the others (prepared vectors in two layouts): avx512_bf16 on a CPU with AMX-BF16.
-//   q8     mxfp4's int8-activation kernels (fp4_common.h's q8_* for one vector, q8g_* for several)
-//          against x and h rounded once more after their round trip, to int8 codes per step of 128
-//          (W4A8: not exact; one VPDPBUSD pair per 64 bytes of weights): avx512_bf16.
+//   q8     mxfp4's int8-activation kernels against x and h rounded once more after their round trip
+//          (W4A8: not exact): in avx512_bf16 fp4_common.h's q8_* (one vector) and q8g_* (several),
+//          int8 codes per step of 128, a VPDPBUSD pair per 64 bytes of weights; in avx2 and avx512
+//          its q8a_* (VPMADDUBSW, avx2_pairs.h), int8 codes per block of 32.
 enum class Kernels { fp32, bf16, int16, int8, amx, q8 };
 // $FT_CPU_MOE_DSFP4_KERNELS (auto, fp32, bf16, int16, int8, amx or q8), read when a layer is made; auto
-// or unset is int16 in the avx2 tier, fp32 in scalar and avx512, and q8 in avx512_bf16 on every CPU:
-// it ran batch 1 and 8 faster than the exact kernels on the GPU machine's Xeon (16 threads: 174 against
-// 194 us a step at batch 1, 344 against 399 at batch 8 sharing its experts, where auto was amx) and on
-// a Zen 5 core from L3 (45.6 against 38 GB/s of weights; batch 8 13.0 against 9.7, where auto was
-// bf16; docs/benchmarks.md, twenty-sixth session). The exact kernels stay by name: int8 on Intel
-// (where VDPBF16PS costs ~2.5 cycles), bf16 on AMD, amx with AMX-BF16 for batches. Asking for
-// kernels the tier or the CPU cannot run raises.
+// or unset is q8 from the avx2 tier up and fp32 in scalar. q8 ran batch 1 and 8 faster than the exact
+// kernels everywhere measured: the GPU machine's Xeon (16 threads: 174 against 194 us a step at batch
+// 1, 344 against 399 at batch 8 sharing its experts, against amx), a Zen 5 core from L3 in avx512_bf16
+// (45.6 against 38 GB/s of weights, batch 8 13.0 against 9.7, against bf16), in avx2 (27.0 against
+// 16.4, batch 8 6.2 against 3.4, against int16) and in avx512 (27.1 against 25.6, batch 8 6.3 against
+// 4.3, against fp32; docs/benchmarks.md, twenty-sixth session). The exact kernels stay by name: int8
+// (Intel's default before, where VDPBF16PS costs ~2.5 cycles), bf16 (AMD's), amx (with AMX-BF16),
+// int16 (avx2's), fp32. Asking for kernels the tier or the CPU cannot run raises.
 Kernels choose_kernels(Isa isa);
 
 size_t vec_bytes(int K);        // bf16 layout
