@@ -185,6 +185,17 @@ def test_scales_the_amx_fold_cannot_take(isa: str) -> None:
     check(y, ref, scale, slack, f"ds_fp4 {isa} scale bytes 0 and 1")
 
 
+def test_layer_reports_the_kernels_it_runs(isa: str) -> None:
+    # The executor's own account of the variant's kernels: `auto` resolved as int8_group assumes
+    # (so the q8 reference is applied exactly where the q8 kernels run).
+    ex = fk.MoeExecutor(hidden=64, top_k=2, max_tokens=1, isa=isa)
+    banks = make_layer(np.random.default_rng(0), 2, 64, 32)
+    ex.add_layer(0, "ds_fp4", num_experts=2, intermediate=32, banks=banks, options={"act_block": 32.0})
+    kernels = current_variant("FT_CPU_MOE_DSFP4_KERNELS", isa)[1]
+    assert ex.layer_kernels(0) == (kernels if kernels != "auto" else "fp32" if isa == "scalar" else "q8")
+    assert (ex.layer_kernels(0) == "q8") == (int8_group(isa) > 0)
+
+
 def test_kernel_choice_errors(monkeypatch) -> None:
     rng = np.random.default_rng(0)
     banks = make_layer(rng, 2, 64, 32)

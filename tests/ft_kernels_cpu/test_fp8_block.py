@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from helpers.checks import (
     assert_add_layer_refused,
     assert_bits_do_not_depend_on_thread_count,
     assert_close_to_reference,
+    random_bf16_executor,
     run_many_tokens_on_few_experts,
     run_router_weight_on_input,
     run_swigluoai_options,
@@ -187,6 +190,22 @@ def test_router_weight_on_input(isa: str) -> None:
     )
     ref, scale = reference(banks, x, ids, w, I, 128, "silu", on_input=True)
     check(y, ref, scale, isa)
+
+
+def test_layer_reports_the_kernels_it_runs(isa: str) -> None:
+    # block_size 128 (the tiles' condition); auto runs tiles wherever this process can.
+    ex = fk.MoeExecutor(hidden=128, top_k=2, max_tokens=1, isa=isa)
+    banks = make_layer(np.random.default_rng(0), 2, 128, 128, 128)
+    ex.add_layer(0, "fp8_block", num_experts=2, intermediate=128, banks=banks, options={"block_size": 128.0})
+    kernels = os.environ["FT_CPU_MOE_FP8_KERNELS"]
+    if isa != "avx512_bf16":
+        assert ex.layer_kernels(0) == "fp32"
+    elif kernels == "auto":
+        assert ex.layer_kernels(0) == ("amx" if fk.cpu_amx_bf16() else "bf16")
+    else:
+        assert ex.layer_kernels(0) == kernels
+    # A format with one set of kernels per tier reports none.
+    assert random_bf16_executor(64, 32, 2, 2, max_tokens=1, isa=isa).layer_kernels(0) is None
 
 
 def test_bits_do_not_depend_on_thread_count(isa: str) -> None:

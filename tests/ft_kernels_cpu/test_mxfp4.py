@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -167,6 +169,16 @@ def test_avx512_bf16_int8_records_match_an_int8_emulation(
     monkeypatch.setenv("FT_CPU_MOE_MXFP4_KERNELS", kernels)
     ids = np.array([[2, 2, 0, -1]], np.int32) if T == 1 else None
     check_against_int8_emulation("avx512_bf16", 128, T, H, I, ids)
+
+
+def test_layer_reports_the_kernels_it_runs(isa: str) -> None:
+    # The variable names the avx512_bf16 tier's kernels (auto: steps); avx2 runs q8a, the rest fp32.
+    ex = fk.MoeExecutor(hidden=64, top_k=2, max_tokens=1, isa=isa)
+    banks = make_layer(np.random.default_rng(0), 2, 64, 32)
+    ex.add_layer(0, "mxfp4", num_experts=2, intermediate=32, banks=banks)
+    choice = os.environ["FT_CPU_MOE_MXFP4_KERNELS"]
+    want = {"avx512_bf16": "groups" if choice == "groups" else "steps", "avx2": "q8a"}.get(isa, "fp32")
+    assert ex.layer_kernels(0) == want
 
 
 def test_swigluoai_options_and_gate_up_interleave(isa: str) -> None:

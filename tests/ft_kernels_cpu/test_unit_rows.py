@@ -244,6 +244,26 @@ def test_bench_takes_a_list_of_formats_and_names_an_unknown_one(capsys: pytest.C
     assert "--format 'int3' is unknown; expected 'all' or a comma-separated list of bf16" in err
 
 
+def test_bench_json_names_the_kernels(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One JSON line per format, with the same keys; `kernels` says which of a format's kernels ran
+    # (ds_fp4's W4A8 q8 by default from avx2 up), null for a format without a choice.
+    import json
+
+    from ft_kernels_cpu import bench
+
+    monkeypatch.delenv("FT_CPU_MOE_DSFP4_KERNELS", raising=False)
+    args = ["--threads", "1", "--top-k", "1", "--pool-mib", "8", "--samples", "1", "--min-time", "0.01"]
+    args.append("--json")
+    bench.main(["--format", "ds_fp4,q4_0", *args])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert [r["format"] for r in lines] == ["ds_fp4", "q4_0"]
+    assert lines[0].keys() == lines[1].keys()
+    assert lines[0]["kernels"] == ("fp32" if fk.isa() == "scalar" else "q8")
+    assert lines[1]["kernels"] is None
+
+
 @pytest.mark.parametrize("fmt", ["q4_0", "gguf", "nvfp4", "fp8_block", "ds_fp4"])
 def test_rows_side_by_side_never_change_results(fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # Int8 kernels read 4 rows (one vector) or 2 (several: T = 5 with duplicate experts) side by side,

@@ -511,6 +511,7 @@ const MoeExecutor::Layer& MoeExecutor::layer_at(int layer) const {
 }
 
 std::string MoeExecutor::layer_format(int layer) const { return layer_at(layer).format_name; }
+std::string MoeExecutor::layer_kernels(int layer) const { return layer_at(layer).fmt->kernels(); }
 
 int MoeExecutor::layer_prefetch_bytes(int layer, int vectors) const {
   if (vectors < 1 || vectors > MoeFormat::kMaxTokensPerCall) {

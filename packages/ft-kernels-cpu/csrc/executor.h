@@ -70,6 +70,8 @@ class MoeExecutor {
   int multirow_min_bytes() const { return multirow_min_bytes_; }
   std::vector<int> layers() const;
   std::string layer_format(int layer) const;
+  // The kernels a layer's format runs (MoeFormat::kernels; "" for a format without a choice).
+  std::string layer_kernels(int layer) const;
 
   struct Layer {
     std::string format_name;

@@ -96,6 +96,9 @@ class MoeFormat {
   // True for a format whose rows gain from the two-level prefetch (stream_prefetch.h) on Intel at any
   // pool size; the others take it in pools of up to 4 threads only (MoeExecutor, docs/benchmarks.md).
   virtual bool two_level_prefetch_any_pool() const { return false; }
+  // The kernels this layer runs, for a format with a choice of them (the value its kernel-choice
+  // variable takes, e.g. "q8" for ds_fp4), or "" for a format with one set of kernels per tier.
+  virtual std::string kernels() const { return ""; }
   // The software prefetch distance this format's kernels use for a layer of params p in calls over
   // `vectors` tokens or routes (1 .. kMaxTokensPerCall): p.prefetch, unless the format measured
   // better with another when the caller set none (bf16 on AMD: 0 for one vector).

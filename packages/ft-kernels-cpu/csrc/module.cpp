@@ -189,6 +189,7 @@ PYBIND11_MODULE(_ft_kernels_cpu, m) {
            },
           py::arg("owner") = py::none())
       .def("layer_format", &MoeExecutor::layer_format)
+      .def("layer_kernels", &MoeExecutor::layer_kernels, py::arg("layer"))
       .def_property_readonly("layers", &MoeExecutor::layers)
       .def_property_readonly("hidden", &MoeExecutor::hidden)
       .def_property_readonly("top_k", &MoeExecutor::top_k)

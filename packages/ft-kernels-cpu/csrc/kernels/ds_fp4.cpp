@@ -56,6 +56,17 @@ class DsFp4Format final : public MoeFormat {
   // prep_inter takes whole blocks of 128: a multiple of act_block (32 or 128) and the step of the
   // prepared vectors (fp4_common.h).
   int pass1_rows() const override { return 64; }  // as nvfp4's
+  std::string kernels() const override {
+    switch (kernels_) {
+      case dsfp4::Kernels::bf16: return "bf16";
+      case dsfp4::Kernels::int16: return "int16";
+      case dsfp4::Kernels::int8: return "int8";
+      case dsfp4::Kernels::amx: return "amx";
+      case dsfp4::Kernels::q8: return "q8";
+      case dsfp4::Kernels::fp32: break;
+    }
+    return "fp32";
+  }
   int prep_rows() const override { return kPrepRows; }
   int pass2_rows() const override { return kPass2Rows; }
 

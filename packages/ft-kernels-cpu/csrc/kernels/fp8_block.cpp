@@ -729,6 +729,8 @@ class Fp8BlockFormat final : public MoeFormat {
   // prep_inter writes each element to its own slot (padding slots are never read: the kernels mask
   // them), so any unit size works.
   int pass1_rows() const override { return 32; }
+  // $FT_CPU_MOE_FP8_KERNELS's names in avx512_bf16 (amx only where tiles run); fp32 below it.
+  std::string kernels() const override { return bf16x() ? (amx_min_ > 0 ? "amx" : "bf16") : "fp32"; }
   int pass2_rows() const override { return kPass2Rows; }
 
   void prep_input(const TaskInput& in) override {

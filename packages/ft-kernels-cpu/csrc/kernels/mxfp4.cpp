@@ -43,6 +43,8 @@ class Mxfp4Format final : public MoeFormat {
 
   // prep_inter prepares whole steps of 128 of the intermediate (fp4_common.h).
   int pass1_rows() const override { return 64; }  // as nvfp4's
+  // $FT_CPU_MOE_MXFP4_KERNELS's names in avx512_bf16; q8a in avx2, fp32 in avx512 and scalar.
+  std::string kernels() const override { return q8_ ? (q8_steps_ ? "steps" : "groups") : q8a_ ? "q8a" : "fp32"; }
   int prep_rows() const override { return kMaxPass1Rows; }
   int pass2_rows() const override { return kPass2Rows; }
 

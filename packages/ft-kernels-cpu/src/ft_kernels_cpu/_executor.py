@@ -125,6 +125,14 @@ class MoeExecutor:
     def layer_format(self, layer: int) -> str:
         return self._native.layer_format(layer)
 
+    def layer_kernels(self, layer: int) -> str | None:
+        """The kernels ``layer`` runs, for a format with a choice of them, as its variable names them:
+        ds_fp4 ``$FT_CPU_MOE_DSFP4_KERNELS`` (``q8`` is W4A8, the others exact), mxfp4
+        ``$FT_CPU_MOE_MXFP4_KERNELS`` (or ``q8a`` / ``fp32`` in the tiers without that choice),
+        fp8_block ``$FT_CPU_MOE_FP8_KERNELS`` (or ``fp32`` below avx512_bf16); None for the formats
+        with one set of kernels per tier."""
+        return self._native.layer_kernels(_check_int("layer", layer, 0)) or None
+
     def layer_prefetch_bytes(self, layer: int, vectors: int = 1) -> int:
         """Software prefetch distance of ``layer``'s kernel calls over ``vectors`` (1 to 8) tokens or
         routes of one expert (0: hardware prefetch only).

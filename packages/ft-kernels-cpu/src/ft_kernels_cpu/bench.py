@@ -221,6 +221,7 @@ def bench_format(
         "shape": shape_name,
         "threads": ex.num_threads,
         "claims": ex.claims,
+        "kernels": ex.layer_kernels(0),
         "batch": batch,
         "routing": routing,
         "top_k": shape.top_k,
