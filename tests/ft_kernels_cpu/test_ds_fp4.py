@@ -185,6 +185,20 @@ def test_scales_the_amx_fold_cannot_take(isa: str) -> None:
     check(y, ref, scale, slack, f"ds_fp4 {isa} scale bytes 0 and 1")
 
 
+def test_one_token_routed_twice_to_an_expert(isa: str) -> None:
+    # One token prepares no q8 group records; its two routes to expert 2 make pass-2 calls of two
+    # vectors, which must then take the step records (and the -1 route nothing).
+    rng = np.random.default_rng(31)
+    E, H, I = 4, 608, 160
+    banks = make_layer(rng, E, H, I)
+    x = (2.0 * rng.standard_normal((1, H))).astype(BF16)
+    ids = np.array([[2, 2, 0, -1]], np.int32)
+    w = rng.random((1, 4)).astype(np.float32)
+    y = run_layer(isa, banks, x, ids, w, E, I, act_block=128)
+    ref, scale, slack = reference(banks, x, ids, w, "silu", 128, int8_group(isa))
+    check(y, ref, scale, slack, f"ds_fp4 {isa} one token, a repeated route")
+
+
 def test_layer_reports_the_kernels_it_runs(isa: str) -> None:
     # The executor's own account of the variant's kernels: `auto` resolved as int8_group assumes
     # (so the q8 reference is applied exactly where the q8 kernels run).

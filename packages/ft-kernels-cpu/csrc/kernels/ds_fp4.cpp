@@ -56,21 +56,14 @@ class DsFp4Format final : public MoeFormat {
   // prep_inter takes whole blocks of 128: a multiple of act_block (32 or 128) and the step of the
   // prepared vectors (fp4_common.h).
   int pass1_rows() const override { return 64; }  // as nvfp4's
-  std::string kernels() const override {
-    switch (kernels_) {
-      case dsfp4::Kernels::bf16: return "bf16";
-      case dsfp4::Kernels::int16: return "int16";
-      case dsfp4::Kernels::int8: return "int8";
-      case dsfp4::Kernels::amx: return "amx";
-      case dsfp4::Kernels::q8: return "q8";
-      case dsfp4::Kernels::fp32: break;
-    }
-    return "fp32";
-  }
+  std::string kernels() const override { return dsfp4::kernels_name(kernels_); }
   int prep_rows() const override { return kPrepRows; }
   int pass2_rows() const override { return kPass2Rows; }
 
   void prep_input(const TaskInput& in) override {
+    // A task of one token makes only calls of one vector but for routes repeated on an expert, which
+    // the step records take as well: q8 prepares its group records for larger tasks only.
+    groups_ = in.num_tokens > 1;
     const int H = p_.hidden;
     const size_t stride = x_stride();
     xprep_.resize(stride * in.num_tokens);
@@ -208,9 +201,9 @@ class DsFp4Format final : public MoeFormat {
     for (int g = i0; g < i1; g += kPrepRows) {
       const int n = std::min(kPrepRows, i1 - g);
       dsfp4::fp8_round_trip(p_.isa, v + (g - i0), n, act_block_, q);
-      if (P.small == Layout::q8) {  // step records, then group records
+      if (P.small == Layout::q8) {  // step records, then (tasks of several tokens) group records
         fp4::q8_prep_vec(q, g, g + n, K, out);
-        fp4::q8g_prep_vec(q, g, g + n, K, static_cast<char*>(out) + fp4::q8_vec_bytes(K));
+        if (groups_) fp4::q8g_prep_vec(q, g, g + n, K, static_cast<char*>(out) + fp4::q8_vec_bytes(K));
         continue;
       }
       if (P.small == Layout::q8a) {
@@ -249,7 +242,7 @@ class DsFp4Format final : public MoeFormat {
       case Layout::bf16: dsfp4::dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_); return;
       case Layout::int8: dsfp4::int8_dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_); return;
       case Layout::q8:
-        if (n == 1) {
+        if (n == 1 || !groups_) {
           fp4::q8_dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_);
         } else {
           const void* xg[kMaxTokensPerCall];
@@ -276,6 +269,7 @@ class DsFp4Format final : public MoeFormat {
   const uint8_t* w2_;
   const uint8_t* s2_;
   AlignedBuffer<uint8_t> xprep_;  // [T] round-tripped, prepared tokens
+  bool groups_ = true;            // q8: this task's vectors have group records (prep_input)
 };
 
 std::unique_ptr<MoeFormat> make_ds_fp4_format(const MoeParams& params, FormatArgs& args) {

@@ -666,12 +666,22 @@ Kernels choose_kernels(Isa isa) {
        {"q8", Isa::avx2}},
       "auto, fp32, bf16, int16, int8, amx or q8");
   if (v == "auto") return isa >= Isa::avx2 ? Kernels::q8 : Kernels::fp32;
-  return v == "amx"     ? Kernels::amx
-         : v == "bf16"  ? Kernels::bf16
-         : v == "int16" ? Kernels::int16
-         : v == "int8"  ? Kernels::int8
-         : v == "q8"    ? Kernels::q8
-                        : Kernels::fp32;
+  for (Kernels k : {Kernels::bf16, Kernels::int16, Kernels::int8, Kernels::amx, Kernels::q8}) {
+    if (v == kernels_name(k)) return k;
+  }
+  return Kernels::fp32;
+}
+
+const char* kernels_name(Kernels k) {
+  switch (k) {
+    case Kernels::bf16: return "bf16";
+    case Kernels::int16: return "int16";
+    case Kernels::int8: return "int8";
+    case Kernels::amx: return "amx";
+    case Kernels::q8: return "q8";
+    case Kernels::fp32: break;
+  }
+  return "fp32";
 }
 
 void dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K, float* out,

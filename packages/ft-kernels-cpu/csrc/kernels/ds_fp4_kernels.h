@@ -45,6 +45,8 @@ enum class Kernels { fp32, bf16, int16, int8, amx, q8 };
 // (Intel's default before, where VDPBF16PS costs ~2.5 cycles), bf16 (AMD's), amx (with AMX-BF16),
 // int16 (avx2's), fp32. Asking for kernels the tier or the CPU cannot run raises.
 Kernels choose_kernels(Isa isa);
+// The variable's name of k.
+const char* kernels_name(Kernels k);
 
 size_t vec_bytes(int K);        // bf16 layout
 size_t int16_vec_bytes(int K);  // int16 records
