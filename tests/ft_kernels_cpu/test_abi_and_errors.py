@@ -298,6 +298,16 @@ def _cpu_is_intel() -> bool:
         pytest.skip("no /proc/cpuinfo to tell the CPU vendor")
 
 
+def _cpu_is_zen5_or_later() -> bool:
+    # AuthenticAMD, cpu family 26 (0x1A, Zen 5) or above: the executor's Zen 5 defaults.
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        pytest.skip("no /proc/cpuinfo to tell the CPU family")
+    families = [int(line.split(":")[1]) for line in info.splitlines() if line.startswith("cpu family")]
+    return "AuthenticAMD" in info and bool(families) and families[0] >= 26
+
+
 def test_two_level_prefetch_never_changes_results(monkeypatch: pytest.MonkeyPatch) -> None:
     # The L1 distance of the two-level prefetch: outputs bit-identical with one level, with the
     # default near distance and with one as far as the stream's own distance (near unused), through
@@ -336,17 +346,18 @@ def _add_q4_0_layer(ex: fk.MoeExecutor, layer: int) -> None:
 
 
 def test_prefetch_defaults_by_vendor_and_layer(monkeypatch: pytest.MonkeyPatch) -> None:
-    # 8192 unless set; bf16 layers keep to the hardware prefetchers in one-vector calls on AMD
-    # (docs/benchmarks.md, thirteenth and fourteenth sessions), the other formats and calls over
-    # several vectors prefetch on every vendor.
+    # 8192 unless set, 0 on AMD's Zen 5 and later (docs/benchmarks.md, twenty-seventh session); bf16
+    # layers keep to the hardware prefetchers in one-vector calls on AMD (thirteenth and fourteenth
+    # sessions), the other formats and calls over several vectors take the default.
     monkeypatch.delenv("FT_CPU_MOE_PREFETCH", raising=False)
     intel = _cpu_is_intel()
+    base = 0 if _cpu_is_zen5_or_later() else 8192
     ex = small_executor()  # layer 0: bf16
     _add_q4_0_layer(ex, 1)
-    assert ex.prefetch_bytes == 8192
+    assert ex.prefetch_bytes == base
     assert ex.layer_prefetch_bytes(0) == ex.layer_prefetch_bytes(0, 1) == (8192 if intel else 0)
-    assert [ex.layer_prefetch_bytes(0, v) for v in range(2, 9)] == [8192] * 7
-    assert [ex.layer_prefetch_bytes(1, v) for v in range(1, 9)] == [8192] * 8
+    assert [ex.layer_prefetch_bytes(0, v) for v in range(2, 9)] == [base] * 7
+    assert [ex.layer_prefetch_bytes(1, v) for v in range(1, 9)] == [base] * 8
     for bad in (0, 9):
         with pytest.raises(ValueError, match=rf"vectors must be \[1, 8\], got {bad}"):
             ex.layer_prefetch_bytes(0, bad)
@@ -367,13 +378,15 @@ def test_two_level_prefetch_default_and_errors(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.delenv("FT_CPU_MOE_PREFETCH", raising=False)
     # Two levels for pools of up to 4 threads, and for bf16 layers at any pool size (docs/benchmarks.md,
     # tenth and thirteenth sessions); one level above. bf16 layers on AMD prefetch in calls over
-    # several vectors only, and take the L1 level for those.
+    # several vectors only, and take the L1 level for those. On Zen 5 and later no layer prefetches
+    # by default, so none takes the L1 level either.
+    zen5 = _cpu_is_zen5_or_later()
     for threads, expected in ((1, 1024), (4, 1024), (5, 0), (16, 0)):
         ex = small_executor(num_threads=threads)  # layer 0: bf16
         _add_q4_0_layer(ex, 1)
         assert ex.prefetch_l1_bytes == expected, threads
-        assert ex.layer_prefetch_l1_bytes(1) == expected, threads
-        assert ex.layer_prefetch_l1_bytes(0) == 1024, threads
+        assert ex.layer_prefetch_l1_bytes(1) == (0 if zen5 else expected), threads
+        assert ex.layer_prefetch_l1_bytes(0) == (0 if zen5 else 1024), threads
     # The variable applies to every layer, bf16 included.
     monkeypatch.setenv("FT_CPU_MOE_PREFETCH_L1", "0")
     assert small_executor(num_threads=16).layer_prefetch_l1_bytes(0) == 0

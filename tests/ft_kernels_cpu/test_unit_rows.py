@@ -29,7 +29,7 @@ def shape_for(fmt: str) -> MoeShape:
 
 
 def run_format(
-    fmt: str, threads: int, prefetch: int | None = None, profile: dict | None = None
+    fmt: str, threads: int, prefetch: int | None = None, profile: dict | None = None, tokens: int = T
 ) -> np.ndarray:
     shape = shape_for(fmt)
     mod = bench_formats.load(fmt)
@@ -53,7 +53,8 @@ def run_format(
     )
     w = rng.random((T, TOP_K), dtype=np.float32)
     ex.reset_pool_profile()
-    y = ex.run(0, x, ids, w).view(np.uint16)
+    # tokens=1: the first token alone, whose calls each take one vector (decode).
+    y = ex.run(0, x[:tokens], ids[:tokens], w[:tokens]).view(np.uint16)
     if profile is not None:
         profile.update(ex.pool_profile())
     return y
@@ -123,13 +124,20 @@ def test_chain_variable_is_checked(value: str, monkeypatch: pytest.MonkeyPatch) 
         fk.MoeExecutor(64, 2, max_tokens=1)
 
 
-BAD_VALUES = [
-    ("FT_CPU_MOE_UNIT_ROWS", v, r"must be two integers 'P1,P2' in \[0, 256\]")
-    for v in ["abc", "16", "16,", "1,2,3", "-1,4", "4,257", "300,0"]
-] + [
-    ("FT_CPU_MOE_MULTIROW_BYTES", v, "must be an integer number of bytes")
-    for v in ["abc", "-1", "1048577", "1k", "12.5"]
-]
+BAD_VALUES = (
+    [
+        ("FT_CPU_MOE_UNIT_ROWS", v, r"must be two integers 'P1,P2' in \[0, 256\]")
+        for v in ["abc", "16", "16,", "1,2,3", "-1,4", "4,257", "300,0"]
+    ]
+    + [
+        ("FT_CPU_MOE_MULTIROW_BYTES", v, "must be an integer number of bytes")
+        for v in ["abc", "-1", "1048577", "1k", "12.5"]
+    ]
+    + [
+        ("FT_CPU_MOE_GATE_UP_SLICE", v, r"must be an integer number of bytes in \[0, 1048576\] \(gate and up")
+        for v in ["abc", "-1", "1048577", "2k", "12.5"]
+    ]
+)
 
 
 @pytest.mark.parametrize(("name", "value", "msg"), BAD_VALUES)
@@ -288,3 +296,37 @@ def test_multirow_default_and_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     assert fk.MoeExecutor(64, 2, max_tokens=1).multirow_min_bytes == (0 if intel else 1024)
     monkeypatch.setenv("FT_CPU_MOE_MULTIROW_BYTES", "0")
     assert fk.MoeExecutor(64, 2, max_tokens=1).multirow_min_bytes == 0
+
+
+@pytest.mark.parametrize("fmt", fk.weight_formats())
+def test_gate_up_turns_never_change_results(fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One-vector pass-1 calls read gate and up rows in turns of FT_CPU_MOE_GATE_UP_SLICE bytes (whole
+    # rows; none where a row is longer). This shape's rows are 128-1024 bytes: 300 bytes make turns of
+    # one row for most formats, 700 of two or more, 2048 the default's on Zen 5; every value must give
+    # the bits of no turns on one thread (a slice written to the wrong rows, or up rows into gate's,
+    # would differ). The turns apply to mxfp4 too, whose gate and up rows are one stream anyway.
+    # One token (every call one vector) and five (calls of one to three vectors).
+    for tokens in (1, T):
+        monkeypatch.delenv("FT_CPU_MOE_UNIT_ROWS", raising=False)
+        monkeypatch.setenv("FT_CPU_MOE_GATE_UP_SLICE", "0")
+        want = run_format(fmt, threads=1, tokens=tokens)
+        assert np.any(want != 0)
+        for value in ("1", "300", "700", "2048", "1048576"):
+            monkeypatch.setenv("FT_CPU_MOE_GATE_UP_SLICE", value)
+            for rows in ("0,0", "8,16"):
+                monkeypatch.setenv("FT_CPU_MOE_UNIT_ROWS", rows)
+                got = run_format(fmt, threads=2, tokens=tokens)
+                msg = f"{fmt}, {tokens} tokens, turns of {value} bytes, units {rows}"
+                np.testing.assert_array_equal(got, want, err_msg=msg)
+
+
+def test_gate_up_slice_default_and_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 2048 on AMD's Zen 5 and later (family 26 and above), 0 elsewhere, unless the variable is set.
+    monkeypatch.delenv("FT_CPU_MOE_GATE_UP_SLICE", raising=False)
+    info = Path("/proc/cpuinfo").read_text()
+    families = [int(line.split(":")[1]) for line in info.splitlines() if line.startswith("cpu family")]
+    zen5 = "AuthenticAMD" in info and bool(families) and families[0] >= 26
+    assert fk.MoeExecutor(64, 2, max_tokens=1).gate_up_slice_bytes == (2048 if zen5 else 0)
+    for value in ("0", "4096"):
+        monkeypatch.setenv("FT_CPU_MOE_GATE_UP_SLICE", value)
+        assert fk.MoeExecutor(64, 2, max_tokens=1).gate_up_slice_bytes == int(value)

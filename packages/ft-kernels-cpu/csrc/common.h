@@ -47,6 +47,9 @@ Isa cpu_best_isa();
 // True on GenuineIntel CPUs (some tuning defaults differ by vendor: bf16.cpp, fp4_kernels.cpp,
 // ds_fp4_kernels.cpp).
 bool cpu_is_intel();
+// True on AMD CPUs of family 0x1A (Zen 5) or later ("AuthenticAMD", CPUID leaf 1's family with its
+// extended family): defaults measured on Zen 5 (executor.cpp).
+bool cpu_is_amd_zen5_or_later();
 // True when AMX-TILE and AMX-BF16 can run in this process: CPUID, the OS's XCR0 tile state and, on
 // Linux, the permission to use tile data (arch_prctl ARCH_REQ_XCOMP_PERM, asked for once here).
 bool cpu_amx_bf16();

@@ -76,6 +76,19 @@ bool cpu_is_intel() {
 #endif
 }
 
+bool cpu_is_amd_zen5_or_later() {
+#if FT_X86
+  unsigned a, b, c, d;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+  if (!(b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u)) return false;  // "Auth" "enti" "cAMD"
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+  const unsigned base = (a >> 8) & 0xf, ext = (a >> 20) & 0xff;
+  return (base == 0xf ? base + ext : base) >= 0x1a;
+#else
+  return false;
+#endif
+}
+
 bool cpu_amx_bf16() {
 #if FT_X86 && defined(__linux__)
   static const bool ok = [] {

@@ -65,6 +65,7 @@ struct MoeJob final : PoolJob {
 
   int prefetch_near = 0;  // MoeExecutor::prefetch_l1_bytes, for this run's kernels (stream_prefetch.h)
   int multirow_min_bytes = kMultirowMinBytes;  // MoeExecutor::multirow_min_bytes (stream_prefetch.h's multirow)
+  int gate_up_slice_bytes = 0;  // MoeExecutor::gate_up_slice_bytes (stream_prefetch.h's gate_up_slices)
   bool chain = false;     // chain each worker's weight streams across its units (MoeExecutor::chain_streams)
   struct alignas(64) Links {
     uint64_t v = 0;
@@ -74,6 +75,7 @@ struct MoeJob final : PoolJob {
   void run_unit(uint32_t u, uint32_t next, bool claimed_ahead, int worker) override {
     t_prefetch_near = prefetch_near;
     t_multirow_min_bytes = multirow_min_bytes;
+    t_gate_up_slice_bytes = gate_up_slice_bytes;
     if (chain) {
       // This unit's weight streams, then the next one's: each stream's prefetch runs on into the next
       StreamChain& c = t_chain;
@@ -274,7 +276,7 @@ static int default_threads() {
 // GB/s of weights, with the two levels below; thirteenth session). A format may use less: bf16
 // keeps to the hardware prefetchers on AMD, where a software prefetch cost its rows 5-10% on Zen 5
 // and Zen 4 (MoeFormat::prefetch_bytes).
-static int default_prefetch() { return 8192; }
+static int default_prefetch() { return cpu_is_amd_zen5_or_later() ? 0 : 8192; }
 
 // The L1 distance of the two-level prefetch (stream_prefetch.h), by pool size, as measured with the
 // bench (docs/benchmarks.md, tenth and thirteenth sessions). 2-core Xeon, 2 threads: 1 KiB (0.5 and
@@ -345,6 +347,23 @@ static int parse_multirow_bytes() {
   return static_cast<int>(v);
 }
 
+// $FT_CPU_MOE_GATE_UP_SLICE: the bytes of gate rows, then of up rows, that one-vector pass-1 calls read
+// in turns (stream_prefetch.h's gate_up_slices), an integer in [0, 1048576] (0: all gate rows of a
+// call, then all its up rows), else 2048 on AMD's Zen 5 and later (one core read two interleaved
+// streams of rows from DRAM faster than one; docs/benchmarks.md, twenty-seventh session) and 0 elsewhere.
+static int parse_gate_up_slice_bytes() {
+  const char* env = std::getenv("FT_CPU_MOE_GATE_UP_SLICE");
+  if (env == nullptr || *env == '\0') return cpu_is_amd_zen5_or_later() ? 2048 : 0;
+  char* end = nullptr;
+  const long v = std::strtol(env, &end, 10);
+  if (end == env || *end != '\0' || v < 0 || v > (1 << 20)) {
+    throw Error(std::string("FT_CPU_MOE_GATE_UP_SLICE='") + env +
+                "' must be an integer number of bytes in [0, 1048576] (gate and up rows read in turns of that many bytes; "
+                "0: all gate rows, then all up rows)");
+  }
+  return static_cast<int>(v);
+}
+
 // $FT_CPU_MOE_UNIT_ROWS="P1,P2": rows per pass-1 / pass-2 unit for every layer instead of the
 // formats' choices (0 keeps a format's); a tuning knob for measuring unit sizes on a machine.
 static void parse_unit_rows(int* rows1, int* rows2) {
@@ -405,6 +424,7 @@ MoeExecutor::MoeExecutor(int hidden, int top_k, int max_tokens, int num_threads,
   parse_unit_rows(&unit_rows1_, &unit_rows2_);
   chain_streams_ = parse_chain();
   multirow_min_bytes_ = parse_multirow_bytes();
+  gate_up_slice_bytes_ = parse_gate_up_slice_bytes();
   job_->links = std::make_unique<MoeJob::Links[]>(pool_.num_threads());
   if (hidden <= 0) throw Error("hidden must be > 0, got " + std::to_string(hidden));
   if (top_k <= 0 || top_k > kMaxTopK) {
@@ -583,6 +603,7 @@ void MoeExecutor::run_locked(const ft_moe_task& task) {
   job.rows1 = L.rows1;
   job.prefetch_near = L.prefetch_l1;
   job.multirow_min_bytes = multirow_min_bytes_;
+  job.gate_up_slice_bytes = gate_up_slice_bytes_;
   job.chain = chain_streams_ && L.prefetch[0] > 0;
   job.prep_rows = L.prep_rows;
 

@@ -68,6 +68,7 @@ class MoeExecutor {
   // The least row bytes for which int8 kernels read several rows side by side
   // ($FT_CPU_MOE_MULTIROW_BYTES, else stream_prefetch.h's kMultirowMinBytes).
   int multirow_min_bytes() const { return multirow_min_bytes_; }
+  int gate_up_slice_bytes() const { return gate_up_slice_bytes_; }
   std::vector<int> layers() const;
   std::string layer_format(int layer) const;
   // The kernels a layer's format runs (MoeFormat::kernels; "" for a format without a choice).
@@ -99,6 +100,7 @@ class MoeExecutor {
   int unit_rows1_ = 0, unit_rows2_ = 0;  // $FT_CPU_MOE_UNIT_ROWS overrides (0: the format's)
   bool chain_streams_ = true;            // $FT_CPU_MOE_CHAIN (stream_prefetch.h's StreamChain)
   int multirow_min_bytes_ = 0;           // $FT_CPU_MOE_MULTIROW_BYTES (stream_prefetch.h's multirow)
+  int gate_up_slice_bytes_ = 0;          // $FT_CPU_MOE_GATE_UP_SLICE (stream_prefetch.h's gate_up_slices)
   WorkerPool pool_;
   std::map<int, Layer> layers_;
   std::unique_ptr<MoeJob> job_;

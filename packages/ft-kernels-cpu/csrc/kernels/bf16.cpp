@@ -305,13 +305,15 @@ class Bf16Format final : public MoeFormat {
     const size_t H = p_.hidden, I = p_.intermediate;
     const uint16_t* base = w13_ + static_cast<size_t>(e) * 2 * I * H;
     const int n = i1 - i0;
-    if (use_bf16_dot()) {
-      bf16_dot_rows_bf16(base + i0 * H, H, n, in.x_bf16 + t * H, H, gate, pf_);
-      bf16_dot_rows_bf16(base + (I + i0) * H, H, n, in.x_bf16 + t * H, H, up, pf_);
-    } else {
-      bf16_dot_rows_f32(p_.isa, base + i0 * H, H, n, in.x_f32 + t * H, H, gate, pf_);
-      bf16_dot_rows_f32(p_.isa, base + (I + i0) * H, H, n, in.x_f32 + t * H, H, up, pf_);
-    }
+    gate_up_slices(n, H * 2, [&](int r, int c, bool is_up) {  // gate and up in turns (stream_prefetch.h)
+      const uint16_t* w = base + ((is_up ? I : 0) + i0 + r) * H;
+      float* out = (is_up ? up : gate) + r;
+      if (use_bf16_dot()) {
+        bf16_dot_rows_bf16(w, H, c, in.x_bf16 + t * H, H, out, pf_);
+      } else {
+        bf16_dot_rows_f32(p_.isa, w, H, c, in.x_f32 + t * H, H, out, pf_);
+      }
+    });
     const float* bg = b13_ ? b13_ + static_cast<size_t>(e) * 2 * I + i0 : nullptr;
     for (int i = 0; i < n; ++i) {
       gate[i] = in_scale * gate[i] + (bg ? bg[i] : 0.f);

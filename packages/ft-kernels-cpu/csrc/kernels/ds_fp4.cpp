@@ -25,6 +25,7 @@
 #include "ds_fp4_kernels.h"
 #include "fp4_common.h"
 #include "format.h"
+#include "stream_prefetch.h"
 
 namespace ft {
 
@@ -78,8 +79,10 @@ class DsFp4Format final : public MoeFormat {
     const int n = i1 - i0;
     const void* x = xprep_.data() + t * x_stride();
     const size_t g0 = static_cast<size_t>(e) * 2 * I + i0, u0 = g0 + I;
-    dot_rows(x_, w13_ + g0 * (H / 2), s13_ + g0 * (H / 32), n, &x, 1, p_.hidden, gate, n);
-    dot_rows(x_, w13_ + u0 * (H / 2), s13_ + u0 * (H / 32), n, &x, 1, p_.hidden, up, n);
+    gate_up_slices(n, H / 2, [&](int r, int c, bool is_up) {  // gate and up in turns (stream_prefetch.h)
+      const size_t row = (is_up ? u0 : g0) + r;
+      dot_rows(x_, w13_ + row * (H / 2), s13_ + row * (H / 32), c, &x, 1, p_.hidden, (is_up ? up : gate) + r, n);
+    });
     if (in_scale != 1.f) {
       for (int i = 0; i < n; ++i) gate[i] *= in_scale, up[i] *= in_scale;
     }

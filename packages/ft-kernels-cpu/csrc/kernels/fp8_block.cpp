@@ -806,8 +806,16 @@ class Fp8BlockFormat final : public MoeFormat {
                       : static_cast<const void*>(in.x_f32 + tokens[j] * H);
     }
     const int rows = i1 - i0, K = p_.hidden;
-    fp8_rows(p_.isa, base + i0 * H, i0, rows, sg, B_, xs, n, K, gate, stride, pf_, amx_min_, perm_);
-    fp8_rows(p_.isa, base + (I + i0) * H, i0, rows, su, B_, xs, n, K, up, stride, pf_, amx_min_, perm_);
+    auto part = [&](int r, int c, bool is_up) {
+      fp8_rows(p_.isa, base + ((is_up ? I : 0) + i0 + r) * H, i0 + r, c, is_up ? su : sg, B_, xs, n, K,
+               (is_up ? up : gate) + r, stride, pf_, amx_min_, perm_);
+    };
+    if (n == 1) {
+      gate_up_slices(rows, H, part);  // one vector: gate and up in turns (stream_prefetch.h)
+    } else {
+      part(0, rows, false);
+      part(0, rows, true);
+    }
     const float* bg = b13_ ? b13_ + static_cast<size_t>(e) * 2 * I + i0 : nullptr;
     for (int j = 0; j < n; ++j) {
       float* g = gate + j * stride;

@@ -39,6 +39,7 @@
 #include "kernels/fp8nv_common.h"
 #include "kernels/int8_codes.h"
 #include "kernels/row_reduce.h"
+#include "kernels/stream_prefetch.h"
 
 namespace ft {
 
@@ -579,10 +580,17 @@ class Nvfp4Format final : public MoeFormat {
       }
     }
     const int rows = i1 - i0, K = p_.hidden;
-    nvfp4_rows(p_.isa, w13_ + row_g * (H / 2), s13_ + row_g * (H / 16), g13_ + row_g, rows, xs, n, K, gate, stride,
-               pf_);
-    nvfp4_rows(p_.isa, w13_ + row_u * (H / 2), s13_ + row_u * (H / 16), g13_ + row_u, rows, xs, n, K, up, stride,
-               pf_);
+    auto part = [&](int r, int c, bool is_up) {
+      const size_t row = (is_up ? row_u : row_g) + r;
+      nvfp4_rows(p_.isa, w13_ + row * (H / 2), s13_ + row * (H / 16), g13_ + row, c, xs, n, K,
+                 (is_up ? up : gate) + r, stride, pf_);
+    };
+    if (n == 1) {
+      gate_up_slices(rows, H / 2, part);  // one vector: gate and up in turns (stream_prefetch.h)
+    } else {
+      part(0, rows, false);
+      part(0, rows, true);
+    }
     const float* bg = b13_ ? b13_ + row_g : nullptr;
     for (int j = 0; j < n; ++j) {
       float* g = gate + j * stride;

@@ -82,6 +82,35 @@ constexpr int kMultirowMinBytes = 1024;
 inline thread_local int t_multirow_min_bytes = kMultirowMinBytes;
 inline bool multirow(size_t row_bytes) { return row_bytes >= static_cast<size_t>(t_multirow_min_bytes); }
 
+// Gate and up rows in slices (MoeExecutor::gate_up_slice_bytes, $FT_CPU_MOE_GATE_UP_SLICE). The pass-1
+// calls of one vector of the formats that keep gate and up rows apart (bf16, fp8_block, nvfp4, ds_fp4,
+// q4_0, gguf) read their gate rows and their up rows in turns of about this many bytes each, so that a
+// core has two weight streams, rows apart by the intermediate size, in flight at once; 0 reads all the
+// call's gate rows, then all its up rows. On a 2-core Zen 5 one core read two interleaved streams of
+// rows faster than one from DRAM, in turns of up to 4 KiB (turns of 8 KiB and more: as one stream), and
+// only when they lay far enough apart (docs/benchmarks.md, twenty-seventh session). The executor sets it
+// for every unit it runs; outside the executor it is 0.
+inline thread_local int t_gate_up_slice_bytes = 0;
+
+// Rows [0, rows) of a gate block and of its up block, each row_bytes long, as f(r0, n, up): in slices
+// of as many whole rows as t_gate_up_slice_bytes holds, gate slice then up slice; or, where it holds
+// none (0, or rows longer than that), all gate rows, then all up rows.
+template <class F>
+inline void gate_up_slices(int rows, size_t row_bytes, F&& f) {
+  const size_t turn = static_cast<size_t>(t_gate_up_slice_bytes);
+  const int slice = turn >= row_bytes ? static_cast<int>(turn / row_bytes) : rows;
+  if (slice >= rows) {
+    f(0, rows, false);
+    f(0, rows, true);
+    return;
+  }
+  for (int r = 0; r < rows; r += slice) {
+    const int n = std::min(slice, rows - r);
+    f(r, n, false);
+    f(r, n, true);
+  }
+}
+
 // Bytes from the first row of a call to the end of its last: nrows rows of row_bytes, ld bytes apart.
 inline size_t rows_stream_bytes(size_t ld, int nrows, size_t row_bytes) {
   return nrows > 0 ? static_cast<size_t>(nrows - 1) * ld + row_bytes : 0;

@@ -117,6 +117,12 @@ class MoeExecutor:
         doc="least row bytes for which int8 kernels read several rows side by side "
         "($FT_CPU_MOE_MULTIROW_BYTES, else 1024 on AMD and 0 on Intel)",
     )
+    gate_up_slice_bytes = property(
+        lambda self: self._native.gate_up_slice_bytes,
+        doc="bytes of gate rows, then of up rows, that one-vector pass-1 calls read in turns "
+        "(0: all gate rows, then all up rows; $FT_CPU_MOE_GATE_UP_SLICE, else 2048 on AMD Zen 5 "
+        "and later, 0 elsewhere)",
+    )
 
     @property
     def layers(self) -> list[int]:

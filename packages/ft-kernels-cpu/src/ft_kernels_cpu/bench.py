@@ -230,6 +230,7 @@ def bench_format(
         "prefetch": ex.layer_prefetch_bytes(0),
         "prefetch_multi": ex.layer_prefetch_bytes(0, 8),
         "prefetch_l1": ex.layer_prefetch_l1_bytes(0),
+        "gate_up_slice": ex.gate_up_slice_bytes,
         "bank_offset": bank_offset,
         "gbs": round(gbs, 2),
         "read_gbs": round(read_gbs, 2),
