@@ -243,6 +243,52 @@ def test_pass2_units_follow_the_groups_and_threads(
     assert ex.pool_profile()["units2"] == units2
 
 
+@pytest.mark.parametrize(
+    ("threads", "experts", "units1"),
+    [(1, 8, 48), (2, 8, 48), (4, 8, 48), (8, 8, 96), (16, 8, 96), (1, 1, 12), (2, 1, 12), (16, 1, 12)],
+)
+def test_pass1_units_follow_the_groups_and_threads(
+    threads: int, experts: int, units1: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pass-1 unit is one expert's block of intermediate rows: the format's rows (mxfp4: 64 in every
+    # tier), doubled while the doubled rows divide its prep block (mxfp4: 128) and the run's experts
+    # still give 8 units per thread. Intermediate 768: 8 experts take 128 rows (48 units) up to 4
+    # threads and keep 64 (96 units) from 8 threads on; one expert keeps 64 (12 units) on any pool
+    # (128 rows would give 6 units, fewer than 8 for even one thread).
+    monkeypatch.delenv("FT_CPU_MOE_UNIT_ROWS", raising=False)
+    shape = MoeShape(256, 768, experts, experts, 1, "swigluoai")
+    mod = bench_formats.load("mxfp4")
+    ex = fk.MoeExecutor(shape.hidden, experts, max_tokens=1, num_threads=threads)
+    ex.add_layer(
+        0,
+        "mxfp4",
+        num_experts=experts,
+        intermediate=768,
+        banks=mod.banks(shape, experts, np.random.default_rng(0)),
+        activation="swigluoai",
+    )
+    x = bench_formats.random_bf16_bits(np.random.default_rng(1), (1, 256)).view(BF16)
+    ids = np.arange(experts, dtype=np.int32).reshape(1, experts)
+    w = np.full((1, experts), 1.0 / experts, np.float32)
+    ex.reset_pool_profile()
+    ex.run(0, x, ids, w)
+    assert ex.pool_profile()["units1"] == units1
+    # FT_CPU_MOE_UNIT_ROWS fixes them: 64 rows, 12 blocks an expert, whatever the pool.
+    monkeypatch.setenv("FT_CPU_MOE_UNIT_ROWS", "64,0")
+    ex = fk.MoeExecutor(shape.hidden, experts, max_tokens=1, num_threads=threads)
+    ex.add_layer(
+        0,
+        "mxfp4",
+        num_experts=experts,
+        intermediate=768,
+        banks=mod.banks(shape, experts, np.random.default_rng(0)),
+        activation="swigluoai",
+    )
+    ex.reset_pool_profile()
+    ex.run(0, x, ids, w)
+    assert ex.pool_profile()["units1"] == 12 * experts
+
+
 def test_bench_takes_a_list_of_formats_and_names_an_unknown_one(capsys: pytest.CaptureFixture[str]) -> None:
     from ft_kernels_cpu import bench
 

@@ -395,6 +395,21 @@ static bool parse_chain() {
   throw Error(std::string("FT_CPU_MOE_CHAIN='") + env + "' must be 0 or 1 (chain the weight streams of a worker's units)");
 }
 
+// Rows per pass-1 unit for a run: the format's pass1_rows() (base), doubled while the doubled rows
+// still divide the format's prep block and the run's G groups still give at least 8 units per thread.
+// A decode step of Qwen3-30B-A3B (8 groups, intermediate 768) keeps the formats' 64 rows (96 units)
+// from 12 threads up (the GPU machine's 15 and 16, where 64 rows beat 32 and 256: docs/benchmarks.md);
+// on 2 threads it takes 256 rows (24 units) where the prep block allows (nvfp4, q4_0, gguf), else 128
+// (mxfp4, ds_fp4): 3-7% off a step of the 2-core Zen 5 dev box (twenty-seventh session).
+static int pass1_rows_for(int base, int prep_rows, int I, int groups, int threads) {
+  int rows = base;
+  while (rows * 2 <= kMaxBlockRows && prep_rows % (rows * 2) == 0 &&
+         static_cast<long>(groups) * ((I + rows * 2 - 1) / (rows * 2)) >= 8L * threads) {
+    rows *= 2;
+  }
+  return rows;
+}
+
 // Rows per pass-2 unit (one group's rows of one block): from kMaxBlockRows down to the format's
 // pass2_rows(), halved while the run's G groups would give fewer than 8 units per thread. A decode
 // step of Qwen3-30B-A3B (8 groups, 2048 rows) on 16 threads: 128 units of 128 rows, each one stream
@@ -657,6 +672,7 @@ void MoeExecutor::run_locked(const ft_moe_task& task) {
   job.prep_stride = prep_stride_;
   job.scratch = worker_scratch_.data();
   job.scratch_stride = worker_stride_;
+  if (!unit_rows1_) job.rows1 = pass1_rows_for(L.rows1, L.prep_rows, job.I, G, pool_.num_threads());
   job.nblk1 = (job.I + job.rows1 - 1) / job.rows1;
   if (job.prep) {
     job.nprep = (job.I + job.prep_rows - 1) / job.prep_rows;
