@@ -729,6 +729,11 @@ class Fp8BlockFormat final : public MoeFormat {
   // prep_inter writes each element to its own slot (padding slots are never read: the kernels mask
   // them), so any unit size works.
   int pass1_rows() const override { return 32; }
+  // The intermediate is prepared (bf16 slots, or the avx2 order) 256 rows at a time, whatever the
+  // units: pass-1 units can then grow where a run has few experts per thread (executor.cpp's
+  // pass1_rows_for; 2 threads of the Zen 5 dev box: 882 -> 814 us a batch-1 step, docs/benchmarks.md,
+  // twenty-seventh session). Pass 2 waits for a whole expert's intermediate either way.
+  int prep_rows() const override { return 256; }
   // $FT_CPU_MOE_FP8_KERNELS's names in avx512_bf16 (amx only where tiles run); fp32 below it.
   std::string kernels() const override { return bf16x() ? (amx_min_ > 0 ? "amx" : "bf16") : "fp32"; }
   int pass2_rows() const override { return kPass2Rows; }
