@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import ft_kernels_cpu as fk
-from ft_kernels_cpu import bench_formats
+from ft_kernels_cpu import bench, bench_formats
 from ft_kernels_cpu.shapes import MoeShape
 from helpers.moe_reference import BF16
 
@@ -36,15 +36,7 @@ def run_format(
     rng = np.random.default_rng(7)
     banks = mod.banks(shape, E, rng)
     ex = fk.MoeExecutor(shape.hidden, TOP_K, max_tokens=T, num_threads=threads, prefetch_bytes=prefetch)
-    ex.add_layer(
-        0,
-        fmt,
-        num_experts=E,
-        intermediate=shape.intermediate,
-        banks=banks,
-        activation=shape.activation,
-        options=getattr(mod, "OPTIONS", None),
-    )
+    bench.add_bench_layer(ex, fmt, shape, E, banks)  # layer 0, as the bench makes it
     bits = bench_formats.random_bf16_bits(rng, (T, shape.hidden))
     x = bits.view(BF16)
     # Duplicate experts across tokens, a -1 route, a token with no route at all.
@@ -255,42 +247,27 @@ def test_pass1_units_follow_the_groups_and_threads(
     # still give 8 units per thread. Intermediate 768: 8 experts take 128 rows (48 units) up to 4
     # threads and keep 64 (96 units) from 8 threads on; one expert keeps 64 (12 units) on any pool
     # (128 rows would give 6 units, fewer than 8 for even one thread).
-    monkeypatch.delenv("FT_CPU_MOE_UNIT_ROWS", raising=False)
     shape = MoeShape(256, 768, experts, experts, 1, "swigluoai")
-    mod = bench_formats.load("mxfp4")
-    ex = fk.MoeExecutor(shape.hidden, experts, max_tokens=1, num_threads=threads)
-    ex.add_layer(
-        0,
-        "mxfp4",
-        num_experts=experts,
-        intermediate=768,
-        banks=mod.banks(shape, experts, np.random.default_rng(0)),
-        activation="swigluoai",
-    )
+    banks = bench_formats.load("mxfp4").banks(shape, experts, np.random.default_rng(0))
     x = bench_formats.random_bf16_bits(np.random.default_rng(1), (1, 256)).view(BF16)
     ids = np.arange(experts, dtype=np.int32).reshape(1, experts)
     w = np.full((1, experts), 1.0 / experts, np.float32)
-    ex.reset_pool_profile()
-    ex.run(0, x, ids, w)
-    assert ex.pool_profile()["units1"] == units1
+
+    def units1_of_a_run() -> int:
+        ex = fk.MoeExecutor(shape.hidden, experts, max_tokens=1, num_threads=threads)
+        ex.add_layer(0, "mxfp4", num_experts=experts, intermediate=768, banks=banks, activation="swigluoai")
+        ex.reset_pool_profile()
+        ex.run(0, x, ids, w)
+        return ex.pool_profile()["units1"]
+
+    monkeypatch.delenv("FT_CPU_MOE_UNIT_ROWS", raising=False)
+    assert units1_of_a_run() == units1
     # FT_CPU_MOE_UNIT_ROWS fixes them: 64 rows, 12 blocks an expert, whatever the pool.
     monkeypatch.setenv("FT_CPU_MOE_UNIT_ROWS", "64,0")
-    ex = fk.MoeExecutor(shape.hidden, experts, max_tokens=1, num_threads=threads)
-    ex.add_layer(
-        0,
-        "mxfp4",
-        num_experts=experts,
-        intermediate=768,
-        banks=mod.banks(shape, experts, np.random.default_rng(0)),
-        activation="swigluoai",
-    )
-    ex.reset_pool_profile()
-    ex.run(0, x, ids, w)
-    assert ex.pool_profile()["units1"] == 12 * experts
+    assert units1_of_a_run() == 12 * experts
 
 
 def test_bench_takes_a_list_of_formats_and_names_an_unknown_one(capsys: pytest.CaptureFixture[str]) -> None:
-    from ft_kernels_cpu import bench
 
     with pytest.raises(SystemExit):
         bench.main(["--format", "q4_0,int3", "--threads", "1"])
@@ -304,8 +281,6 @@ def test_bench_json_names_the_kernels(
     # One JSON line per format, with the same keys; `kernels` says which of a format's kernels ran
     # (ds_fp4's W4A8 q8 by default from avx2 up), null for a format without a choice.
     import json
-
-    from ft_kernels_cpu import bench
 
     monkeypatch.delenv("FT_CPU_MOE_DSFP4_KERNELS", raising=False)
     args = ["--threads", "1", "--top-k", "1", "--pool-mib", "8", "--samples", "1", "--min-time", "0.01"]

@@ -27,7 +27,8 @@ from ft_kernels_cpu import bench, bench_formats
 from ft_kernels_cpu.shapes import get_shape
 
 
-def make_executor(setting: str, fmt: str, shape, pool: int, banks, threads: int, batch: int):
+def make_executor(setting: str, fmt: str, shape, pool: int, banks, threads: int | None, batch: int):
+    """An executor made with `setting`'s variables set (then restored), with the bench's layer 0."""
     saved = dict(os.environ)
     try:
         for item in setting.split():
@@ -38,16 +39,7 @@ def make_executor(setting: str, fmt: str, shape, pool: int, banks, threads: int,
                 raise SystemExit(f"setting {setting!r}: expected NAME=VALUE items or '-', got {item!r}")
             os.environ[name] = value
         ex = fk.MoeExecutor(shape.hidden, shape.top_k, max_tokens=batch, num_threads=threads)
-        mod = bench_formats.load(fmt)
-        ex.add_layer(
-            0,
-            fmt,
-            num_experts=pool,
-            intermediate=shape.intermediate,
-            banks=banks,
-            activation=shape.activation,
-            options=getattr(mod, "OPTIONS", None),
-        )
+        bench.add_bench_layer(ex, fmt, shape, pool, banks)
         return ex
     finally:
         os.environ.clear()
@@ -79,17 +71,7 @@ def main() -> None:
     exs = [make_executor(s, a.format, shape, pool, banks, a.threads, a.batch) for s in a.settings]
     x = bench_formats.random_bf16_bits(rng, (a.batch, shape.hidden))
     steps = 4096
-    ids = np.empty((steps, a.batch, shape.top_k), dtype=np.int32)
-    order, pos = rng.permutation(pool), 0
-    for s in range(steps):
-        for t in range(a.batch):
-            if a.routing == "shared" and t > 0:
-                ids[s, t] = ids[s, 0]
-                continue
-            if pos + shape.top_k > pool:
-                order, pos = rng.permutation(pool), 0
-            ids[s, t] = order[pos : pos + shape.top_k]
-            pos += shape.top_k
+    ids = bench.step_routes(rng, steps, a.batch, shape.top_k, pool, a.routing)
     w = rng.random((steps, a.batch, shape.top_k), dtype=np.float32)
     step_bytes = np.array([len(np.unique(ids[s])) * eb for s in range(steps)])
     secs = exs[0].time_runs(0, x, ids[:8], w[:8])

@@ -36,35 +36,14 @@
 
 #include "common.h"
 #include "kernels/fp4_common.h"
+#include "probe_util.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// 64-byte loads summed in 4 chains (a line per load, whatever the offset), so that none is dropped.
-FT_TARGET_AVX512 uint64_t plain_read(const uint8_t* p, size_t n) {
-  __m512i a = _mm512_setzero_si512(), b = a, c = a, d = a;
-  size_t i = 0;
-  for (; i + 256 <= n; i += 256) {
-    a = _mm512_add_epi64(a, _mm512_loadu_si512(p + i));
-    b = _mm512_add_epi64(b, _mm512_loadu_si512(p + i + 64));
-    c = _mm512_add_epi64(c, _mm512_loadu_si512(p + i + 128));
-    d = _mm512_add_epi64(d, _mm512_loadu_si512(p + i + 192));
-  }
-  for (; i + 64 <= n; i += 64) a = _mm512_add_epi64(a, _mm512_loadu_si512(p + i));
-  alignas(64) uint64_t lanes[8];
-  _mm512_store_si512(lanes, _mm512_add_epi64(_mm512_add_epi64(a, b), _mm512_add_epi64(c, d)));
-  uint64_t sum = 0;
-  for (uint64_t v : lanes) sum += v;
-  return sum;
-}
+using probe::Clock;
+using probe::median;
+using probe::plain_read;
+using probe::seconds_since;
 
 constexpr double kE2m1[8] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
 
@@ -93,29 +72,13 @@ int main(int argc, char** argv) {
   // In 2 MiB units, asking for transparent huge pages as numpy does for the executor's banks (large
   // arrays): on 4 KiB pages one Zen 5 core's kernel read 28-30 GB/s of rows of K = 2048 from DRAM, on
   // huge pages 31.6-33.5, the plain read 39-43 either way (docs/benchmarks.md, twenty-fifth session).
-  const size_t huge = size_t{1} << 21;
-  const size_t wcap = (wbytes + 4096 + huge - 1) / huge * huge, scap = (sbytes + 4096 + huge - 1) / huge * huge;
-  uint8_t* wbuf = static_cast<uint8_t*>(std::aligned_alloc(huge, wcap));
-  uint8_t* sbuf = static_cast<uint8_t*>(std::aligned_alloc(huge, scap));
-  if (wbuf) madvise(wbuf, wcap, MADV_HUGEPAGE);  // a hint: refused where THP is off, and then ignored
-  if (sbuf) madvise(sbuf, scap, MADV_HUGEPAGE);
-  if (!wbuf || !sbuf) {
-    std::fprintf(stderr, "row_stream_probe: cannot allocate %zu bytes\n", wbytes + sbytes);
-    return 2;
-  }
+  uint8_t* wbuf = probe::huge_alloc(wbytes + 4096, "row_stream_probe");
+  uint8_t* sbuf = probe::huge_alloc(sbytes + 4096, "row_stream_probe");
   std::mt19937_64 rng(1);
-  for (size_t i = 0; i < wbytes; i += 8) {
-    const uint64_t v = rng();
-    std::memcpy(wbuf + i, &v, std::min<size_t>(8, wbytes - i));
-  }
-  for (size_t i = 0; i < sbytes; ++i) sbuf[i] = static_cast<uint8_t>(121 + rng() % 7);  // 2^-6 .. 2^0
-  std::vector<float> x(K);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  for (float& v : x) v = normal(rng);
-  std::vector<uint8_t> rec(ft::fp4::q8_vec_bytes(K) + 64);
-  void* xr = rec.data() + (-reinterpret_cast<uintptr_t>(rec.data()) % 64);
-  ft::fp4::q8_prep_vec(x.data(), 0, K, K, xr);
-  const void* xs[1] = {xr};
+  probe::fill_rows(rng, wbuf, wbytes, sbuf, sbytes);
+  std::vector<float> x;
+  std::vector<uint8_t> rec;
+  const void* xs[1] = {probe::make_x(rng, K, x, rec)};
 
   // The float64 reference of the first rows (up to 512), with the int8 rounding bound of x.
   const size_t checked = std::min<size_t>(rows, 512);

@@ -32,43 +32,14 @@
 
 #include "common.h"
 #include "kernels/fp4_common.h"
+#include "probe_util.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// 64-byte loads summed in 4 chains, so that none is dropped (row_stream_probe.cpp's).
-FT_TARGET_AVX512 uint64_t plain_read(const uint8_t* p, size_t n) {
-  __m512i a = _mm512_setzero_si512(), b = a, c = a, d = a;
-  size_t i = 0;
-  for (; i + 256 <= n; i += 256) {
-    a = _mm512_add_epi64(a, _mm512_loadu_si512(p + i));
-    b = _mm512_add_epi64(b, _mm512_loadu_si512(p + i + 64));
-    c = _mm512_add_epi64(c, _mm512_loadu_si512(p + i + 128));
-    d = _mm512_add_epi64(d, _mm512_loadu_si512(p + i + 192));
-  }
-  for (; i + 64 <= n; i += 64) a = _mm512_add_epi64(a, _mm512_loadu_si512(p + i));
-  alignas(64) uint64_t lanes[8];
-  _mm512_store_si512(lanes, _mm512_add_epi64(_mm512_add_epi64(a, b), _mm512_add_epi64(c, d)));
-  uint64_t sum = 0;
-  for (uint64_t v : lanes) sum += v;
-  return sum;
-}
-
-uint8_t* huge_alloc(size_t bytes) {
-  const size_t huge = size_t{1} << 21;
-  const size_t cap = (bytes + huge - 1) / huge * huge;
-  auto* p = static_cast<uint8_t*>(std::aligned_alloc(huge, cap));
-  if (p) madvise(p, cap, MADV_HUGEPAGE);  // a hint: refused where THP is off, and then ignored
-  return p;
-}
+using probe::Clock;
+using probe::median;
+using probe::plain_read;
+using probe::seconds_since;
 
 }  // namespace
 
@@ -93,25 +64,13 @@ int main(int argc, char** argv) {
   // Whole turns in every part.
   const size_t per = std::max<size_t>(turn, (static_cast<size_t>(mib) << 20) / row_bytes / streams / turn * turn);
   const size_t rows = per * streams, wbytes = rows * row_bytes, sbytes = rows * srow;
-  uint8_t* W = huge_alloc(wbytes);
-  uint8_t* S = huge_alloc(sbytes);
-  if (!W || !S) {
-    std::fprintf(stderr, "two_stream_probe: cannot allocate %zu bytes\n", wbytes + sbytes);
-    return 2;
-  }
+  uint8_t* W = probe::huge_alloc(wbytes, "two_stream_probe");
+  uint8_t* S = probe::huge_alloc(sbytes, "two_stream_probe");
   std::mt19937_64 rng(1);
-  for (size_t i = 0; i < wbytes; i += 8) {
-    const uint64_t v = rng();
-    std::memcpy(W + i, &v, std::min<size_t>(8, wbytes - i));
-  }
-  for (size_t i = 0; i < sbytes; ++i) S[i] = static_cast<uint8_t>(121 + rng() % 7);  // 2^-6 .. 2^0
-  std::vector<float> x(K);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  for (float& v : x) v = normal(rng);
-  std::vector<uint8_t> rec(ft::fp4::q8_vec_bytes(K) + 64);
-  void* xr = rec.data() + (-reinterpret_cast<uintptr_t>(rec.data()) % 64);
-  ft::fp4::q8_prep_vec(x.data(), 0, K, K, xr);
-  const void* xs[1] = {xr};
+  probe::fill_rows(rng, W, wbytes, S, sbytes);
+  std::vector<float> x;
+  std::vector<uint8_t> rec;
+  const void* xs[1] = {probe::make_x(rng, K, x, rec)};
 
   // The reference: one stream in address order, no prefetch.
   std::vector<float> want(rows), out(rows);

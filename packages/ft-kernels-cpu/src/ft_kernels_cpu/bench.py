@@ -35,7 +35,7 @@ import numpy as np
 
 import ft_kernels_cpu as fk
 from ft_kernels_cpu import bench_formats
-from ft_kernels_cpu.shapes import SHAPES, get_shape
+from ft_kernels_cpu.shapes import SHAPES, MoeShape, get_shape
 
 
 def last_level_cache_bytes() -> int:
@@ -77,6 +77,42 @@ def cache_bytes(level: int) -> int:
     except OSError:
         pass
     return 0
+
+
+def add_bench_layer(ex: fk.MoeExecutor, fmt: str, shape: MoeShape, pool: int, banks: dict) -> None:
+    """Layer 0 of `ex`: `pool` experts of the bench's banks of `fmt` for `shape`."""
+    ex.add_layer(
+        0,
+        fmt,
+        num_experts=pool,
+        intermediate=shape.intermediate,
+        banks=banks,
+        activation=shape.activation,
+        options=getattr(bench_formats.load(fmt), "OPTIONS", None),
+    )
+
+
+def step_routes(
+    rng: np.random.Generator, steps: int, batch: int, top_k: int, pool: int, routing: str
+) -> np.ndarray:
+    """[steps, batch, top_k] expert ids. Each token takes top_k distinct experts; steps walk the pool
+    so that an expert comes back only after the whole pool (far more than the LLC) was read. With
+    routing="shared" every token of a step takes the same experts: the step reads top_k experts
+    whatever the batch, which measures what the extra tokens cost on top of the weight stream."""
+    ids = np.empty((steps, batch, top_k), dtype=np.int32)
+    order = np.arange(pool)
+    pos = 0
+    for s in range(steps):
+        for t in range(batch):
+            if routing == "shared" and t > 0:
+                ids[s, t] = ids[s, 0]
+                continue
+            if pos + top_k > pool:
+                order = rng.permutation(pool)
+                pos = 0
+            ids[s, t] = order[pos : pos + top_k]
+            pos += top_k
+    return ids
 
 
 def bench_format(
@@ -134,35 +170,10 @@ def bench_format(
     with warnings.catch_warnings():
         if bank_offset:  # asked for: the AlignmentWarning would only repeat it
             warnings.simplefilter("ignore", fk.AlignmentWarning)
-        ex.add_layer(
-            0,
-            fmt,
-            num_experts=pool,
-            intermediate=shape.intermediate,
-            banks=banks,
-            activation=shape.activation,
-            options=getattr(bench_fmt, "OPTIONS", None),
-        )
+        add_bench_layer(ex, fmt, shape, pool, banks)
     x = bench_formats.random_bf16_bits(rng, (batch, shape.hidden))
-
-    # Routing: each token takes top_k distinct experts; steps walk the pool so that an expert comes
-    # back only after the whole pool (far more than the LLC) was read. With routing="shared" every
-    # token of a step takes the same experts: the step reads top_k experts whatever the batch, which
-    # measures what the extra tokens cost on top of the weight stream.
     steps = 4096
-    ids = np.empty((steps, batch, shape.top_k), dtype=np.int32)
-    order = np.arange(pool)
-    pos = 0
-    for s in range(steps):
-        for t in range(batch):
-            if routing == "shared" and t > 0:
-                ids[s, t] = ids[s, 0]
-                continue
-            if pos + shape.top_k > pool:
-                order = rng.permutation(pool)
-                pos = 0
-            ids[s, t] = order[pos : pos + shape.top_k]
-            pos += shape.top_k
+    ids = step_routes(rng, steps, batch, shape.top_k, pool, routing)
     weights = rng.random((steps, batch, shape.top_k), dtype=np.float32)
     step_bytes = np.array([len(np.unique(ids[s])) * expert_bytes for s in range(steps)])
 
