@@ -334,10 +334,16 @@ static int resolve_prefetch_l1(int threads) {
 // the vendor's default: kMultirowMinBytes on AMD (measured on Zen 5), 0 (always) on Intel, where the GPU
 // machine's Xeon took batch 8 sharing its experts from 452 to 682 us a step (q4_0) and 462 to 826
 // (nvfp4) with the 2-row kernels gated at 1024 bytes (16 threads; docs/benchmarks.md, twenty-second
-// session). A knob for measuring it on a machine.
+// session). On Zen 5 and later 2048: with gate and up rows in turns no one-vector call reads rows of
+// 1-2 KiB four at a time any more, and the int8 formats' 2-row kernels of several vectors read those
+// rows slower than one at a time (2 threads, batch 8 sharing its experts: q4_0 x0.904, nvfp4 x0.886),
+// while fp8_block's 2-row VDPBF16PS kernels (rows of 2 KiB, x1.67 without them) keep theirs
+// (twenty-seventh session). A knob for measuring it on a machine.
 static int parse_multirow_bytes() {
   const char* env = std::getenv("FT_CPU_MOE_MULTIROW_BYTES");
-  if (env == nullptr || *env == '\0') return cpu_is_intel() ? 0 : kMultirowMinBytes;
+  if (env == nullptr || *env == '\0') {
+    return cpu_is_intel() ? 0 : cpu_is_amd_zen5_or_later() ? 2 * kMultirowMinBytes : kMultirowMinBytes;
+  }
   char* end = nullptr;
   const long v = std::strtol(env, &end, 10);
   if (end == env || *end != '\0' || v < 0 || v > (1 << 20)) {

@@ -10,6 +10,11 @@ setting the median us a step, the median of its per-round ratio to the first set
 the median ratio of weight GB/s to the round's read bandwidth, split by the read bandwidth's mode
 (above or below --fast-gbs; the 2-core Zen 5 dev box reads ~45 or ~80 GB/s with 2 threads).
 
+Each executor has buffers of its own, and identical settings can differ by where those lie: on the
+dev box three executors with no setting differed by up to 4% (q4_0, batch 1; nvfp4 and gguf 0.5%) and
+24% (q4_0, batch 8 sharing its experts). Run identical settings side by side ("-" "-") to see the
+size of that for a case, and confirm an effect near it with separate processes.
+
     python packages/ft-kernels-cpu/tools/env_ab.py nvfp4 --rounds 16 \\
         "FT_CPU_MOE_GATE_UP_SLICE=0 FT_CPU_MOE_PREFETCH=8192" -
 """
