@@ -305,7 +305,7 @@ class Bf16Format final : public MoeFormat {
     const size_t H = p_.hidden, I = p_.intermediate;
     const uint16_t* base = w13_ + static_cast<size_t>(e) * 2 * I * H;
     const int n = i1 - i0;
-    gate_up_slices(n, H * 2, [&](int r, int c, bool is_up) {  // gate and up in turns (stream_prefetch.h)
+    gate_up_slices(n, H * 2, 1, [&](int r, int c, bool is_up) {  // gate and up in turns (stream_prefetch.h)
       const uint16_t* w = base + ((is_up ? I : 0) + i0 + r) * H;
       float* out = (is_up ? up : gate) + r;
       if (use_bf16_dot()) {

@@ -79,7 +79,7 @@ class DsFp4Format final : public MoeFormat {
     const int n = i1 - i0;
     const void* x = xprep_.data() + t * x_stride();
     const size_t g0 = static_cast<size_t>(e) * 2 * I + i0, u0 = g0 + I;
-    gate_up_slices(n, H / 2, [&](int r, int c, bool is_up) {  // gate and up in turns (stream_prefetch.h)
+    gate_up_slices(n, H / 2, 1, [&](int r, int c, bool is_up) {  // gate and up in turns (stream_prefetch.h)
       const size_t row = (is_up ? u0 : g0) + r;
       dot_rows(x_, w13_ + row * (H / 2), s13_ + row * (H / 32), c, &x, 1, p_.hidden, (is_up ? up : gate) + r, n);
     });

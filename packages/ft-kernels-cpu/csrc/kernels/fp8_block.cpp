@@ -815,12 +815,7 @@ class Fp8BlockFormat final : public MoeFormat {
       fp8_rows(p_.isa, base + ((is_up ? I : 0) + i0 + r) * H, i0 + r, c, is_up ? su : sg, B_, xs, n, K,
                (is_up ? up : gate) + r, stride, pf_, amx_min_, perm_);
     };
-    if (n == 1) {
-      gate_up_slices(rows, H, part);  // one vector: gate and up in turns (stream_prefetch.h)
-    } else {
-      part(0, rows, false);
-      part(0, rows, true);
-    }
+    gate_up_slices(rows, H, n, part);  // one vector: gate and up in turns (stream_prefetch.h)
     const float* bg = b13_ ? b13_ + static_cast<size_t>(e) * 2 * I + i0 : nullptr;
     for (int j = 0; j < n; ++j) {
       float* g = gate + j * stride;

@@ -1437,12 +1437,7 @@ void GgmlMoeFormat::gate_up_tokens(const TaskInput& in, int e, const int* tokens
   auto part = [&](int r, int c, bool is_up) {
     mat_rows(is_up ? up_ : gate_, gu_q8_, e, i0 + r, i0 + r + c, xs, qs, n, H, (is_up ? up : gate) + r, stride);
   };
-  if (n == 1) {
-    gate_up_slices(rows, gate_.row_bytes, part);  // one vector: gate and up in turns (stream_prefetch.h)
-  } else {
-    part(0, rows, false);
-    part(0, rows, true);
-  }
+  gate_up_slices(rows, gate_.row_bytes, n, part);  // one vector: gate and up in turns (stream_prefetch.h)
   const float* bg = gate_.bias ? gate_.bias + e * gate_.bias_stride + i0 : nullptr;
   const float* bu = up_.bias ? up_.bias + e * up_.bias_stride + i0 : nullptr;
   for (int j = 0; j < n; ++j) {

@@ -585,12 +585,7 @@ class Nvfp4Format final : public MoeFormat {
       nvfp4_rows(p_.isa, w13_ + row * (H / 2), s13_ + row * (H / 16), g13_ + row, c, xs, n, K,
                  (is_up ? up : gate) + r, stride, pf_);
     };
-    if (n == 1) {
-      gate_up_slices(rows, H / 2, part);  // one vector: gate and up in turns (stream_prefetch.h)
-    } else {
-      part(0, rows, false);
-      part(0, rows, true);
-    }
+    gate_up_slices(rows, H / 2, n, part);  // one vector: gate and up in turns (stream_prefetch.h)
     const float* bg = b13_ ? b13_ + row_g : nullptr;
     for (int j = 0; j < n; ++j) {
       float* g = gate + j * stride;

@@ -92,13 +92,14 @@ inline bool multirow(size_t row_bytes) { return row_bytes >= static_cast<size_t>
 // for every unit it runs; outside the executor it is 0.
 inline thread_local int t_gate_up_slice_bytes = 0;
 
-// Rows [0, rows) of a gate block and of its up block, each row_bytes long, as f(r0, n, up): in slices
-// of as many whole rows as t_gate_up_slice_bytes holds, gate slice then up slice; or, where it holds
-// none (0, or rows longer than that), all gate rows, then all up rows.
+// Rows [0, rows) of a gate block and of its up block, each row_bytes long, against `vectors` vectors,
+// as f(r0, n, up): for one vector in slices of as many whole rows as t_gate_up_slice_bytes holds,
+// gate slice then up slice; for several, or where it holds none (0, or rows longer than that), all
+// gate rows, then all up rows.
 template <class F>
-inline void gate_up_slices(int rows, size_t row_bytes, F&& f) {
+inline void gate_up_slices(int rows, size_t row_bytes, int vectors, F&& f) {
   const size_t turn = static_cast<size_t>(t_gate_up_slice_bytes);
-  const int slice = turn >= row_bytes ? static_cast<int>(turn / row_bytes) : rows;
+  const int slice = vectors == 1 && turn >= row_bytes ? static_cast<int>(turn / row_bytes) : rows;
   if (slice >= rows) {
     f(0, rows, false);
     f(0, rows, true);
