@@ -329,9 +329,23 @@ static int resolve_prefetch_l1(int threads) {
   return env_prefetch("FT_CPU_MOE_PREFETCH_L1", default_prefetch_l1(threads, false));
 }
 
+// $name as a number of bytes in [0, 1048576], else `fallback`; `meaning` ends the error message.
+static int env_bytes(const char* name, int fallback, const char* meaning) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return fallback;
+  char* end = nullptr;
+  const long v = std::strtol(env, &end, 10);
+  if (end == env || *end != '\0' || v < 0 || v > (1 << 20)) {
+    throw Error(std::string(name) + "='" + env + "' must be an integer number of bytes in [0, 1048576] (" + meaning +
+                ")");
+  }
+  return static_cast<int>(v);
+}
+
 // $FT_CPU_MOE_MULTIROW_BYTES: the least row bytes for which int8 kernels read several rows side by side
 // (stream_prefetch.h's multirow), an integer in [0, 1048576] (0: always; above any row: never), else
-// the vendor's default: kMultirowMinBytes on AMD (measured on Zen 5), 0 (always) on Intel, where the GPU
+// the vendor's default: kMultirowMinBytes on AMD before Zen 5 (measured on Zen 5 before the turns below),
+// 0 (always) on Intel, where the GPU
 // machine's Xeon took batch 8 sharing its experts from 452 to 682 us a step (q4_0) and 462 to 826
 // (nvfp4) with the 2-row kernels gated at 1024 bytes (16 threads; docs/benchmarks.md, twenty-second
 // session). On Zen 5 and later 2048: with gate and up rows in turns no one-vector call reads rows of
@@ -340,17 +354,11 @@ static int resolve_prefetch_l1(int threads) {
 // while fp8_block's 2-row VDPBF16PS kernels (rows of 2 KiB, x1.67 without them) keep theirs
 // (twenty-seventh session). A knob for measuring it on a machine.
 static int parse_multirow_bytes() {
-  const char* env = std::getenv("FT_CPU_MOE_MULTIROW_BYTES");
-  if (env == nullptr || *env == '\0') {
-    return cpu_is_intel() ? 0 : cpu_is_amd_zen5_or_later() ? 2 * kMultirowMinBytes : kMultirowMinBytes;
-  }
-  char* end = nullptr;
-  const long v = std::strtol(env, &end, 10);
-  if (end == env || *end != '\0' || v < 0 || v > (1 << 20)) {
-    throw Error(std::string("FT_CPU_MOE_MULTIROW_BYTES='") + env +
-                "' must be an integer number of bytes in [0, 1048576] (the least row bytes for rows side by side)");
-  }
-  return static_cast<int>(v);
+  return env_bytes("FT_CPU_MOE_MULTIROW_BYTES",
+                   cpu_is_intel()                ? 0
+                   : cpu_is_amd_zen5_or_later() ? 2 * kMultirowMinBytes
+                                                : kMultirowMinBytes,
+                   "the least row bytes for rows side by side");
 }
 
 // $FT_CPU_MOE_GATE_UP_SLICE: the bytes of gate rows, then of up rows, that one-vector pass-1 calls read
@@ -358,20 +366,13 @@ static int parse_multirow_bytes() {
 // call, then all its up rows), else 2048 on AMD's Zen 5 and later (one core read two interleaved
 // streams of rows from DRAM faster than one; docs/benchmarks.md, twenty-seventh session) and 0 elsewhere.
 static int parse_gate_up_slice_bytes() {
-  const char* env = std::getenv("FT_CPU_MOE_GATE_UP_SLICE");
-  if (env == nullptr || *env == '\0') return cpu_is_amd_zen5_or_later() ? 2048 : 0;
-  char* end = nullptr;
-  const long v = std::strtol(env, &end, 10);
-  if (end == env || *end != '\0' || v < 0 || v > (1 << 20)) {
-    throw Error(std::string("FT_CPU_MOE_GATE_UP_SLICE='") + env +
-                "' must be an integer number of bytes in [0, 1048576] (gate and up rows read in turns of that many bytes; "
-                "0: all gate rows, then all up rows)");
-  }
-  return static_cast<int>(v);
+  return env_bytes("FT_CPU_MOE_GATE_UP_SLICE", cpu_is_amd_zen5_or_later() ? 2048 : 0,
+                   "gate and up rows read in turns of that many bytes; 0: all gate rows, then all up rows");
 }
 
 // $FT_CPU_MOE_UNIT_ROWS="P1,P2": rows per pass-1 / pass-2 unit for every layer instead of the
-// formats' choices (0 keeps a format's); a tuning knob for measuring unit sizes on a machine.
+// formats' choices (0 keeps the run's choice: pass1_rows_for, pass2_rows_for); a tuning knob for
+// measuring unit sizes on a machine.
 static void parse_unit_rows(int* rows1, int* rows2) {
   const char* env = std::getenv("FT_CPU_MOE_UNIT_ROWS");
   *rows1 = *rows2 = 0;
