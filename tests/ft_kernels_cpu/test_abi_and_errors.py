@@ -13,6 +13,7 @@ import pytest
 import ft_kernels_cpu as fk
 from ft_kernels_cpu._native import native
 from helpers.checks import assert_add_layer_refused, random_bf16_executor
+from helpers.cpu import cpu_is_intel, cpu_is_zen5_or_later
 from helpers.moe_reference import BF16
 
 H, I, E, TOP_K = 64, 32, 4, 2
@@ -291,23 +292,6 @@ def test_prefetch_distance_never_changes_results(monkeypatch: pytest.MonkeyPatch
         small_executor(prefetch_bytes=70000)
 
 
-def _cpu_is_intel() -> bool:
-    try:
-        return "GenuineIntel" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        pytest.skip("no /proc/cpuinfo to tell the CPU vendor")
-
-
-def _cpu_is_zen5_or_later() -> bool:
-    # AuthenticAMD, cpu family 26 (0x1A, Zen 5) or above: the executor's Zen 5 defaults.
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        pytest.skip("no /proc/cpuinfo to tell the CPU family")
-    families = [int(line.split(":")[1]) for line in info.splitlines() if line.startswith("cpu family")]
-    return "AuthenticAMD" in info and bool(families) and families[0] >= 26
-
-
 def test_two_level_prefetch_never_changes_results(monkeypatch: pytest.MonkeyPatch) -> None:
     # The L1 distance of the two-level prefetch: outputs bit-identical with one level, with the
     # default near distance and with one as far as the stream's own distance (near unused), through
@@ -350,8 +334,8 @@ def test_prefetch_defaults_by_vendor_and_layer(monkeypatch: pytest.MonkeyPatch) 
     # layers keep to the hardware prefetchers in one-vector calls on AMD (thirteenth and fourteenth
     # sessions), the other formats and calls over several vectors take the default.
     monkeypatch.delenv("FT_CPU_MOE_PREFETCH", raising=False)
-    intel = _cpu_is_intel()
-    base = 0 if _cpu_is_zen5_or_later() else 8192
+    intel = cpu_is_intel()
+    base = 0 if cpu_is_zen5_or_later() else 8192
     ex = small_executor()  # layer 0: bf16
     _add_q4_0_layer(ex, 1)
     assert ex.prefetch_bytes == base
@@ -380,7 +364,7 @@ def test_two_level_prefetch_default_and_errors(monkeypatch: pytest.MonkeyPatch) 
     # tenth and thirteenth sessions); one level above. bf16 layers on AMD prefetch in calls over
     # several vectors only, and take the L1 level for those. On Zen 5 and later no layer prefetches
     # by default, so none takes the L1 level either.
-    zen5 = _cpu_is_zen5_or_later()
+    zen5 = cpu_is_zen5_or_later()
     for threads, expected in ((1, 1024), (4, 1024), (5, 0), (16, 0)):
         ex = small_executor(num_threads=threads)  # layer 0: bf16
         _add_q4_0_layer(ex, 1)

@@ -8,14 +8,13 @@ sizes on one thread. The formats' own tests check those bits against float64 ref
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 import ft_kernels_cpu as fk
 from ft_kernels_cpu import bench, bench_formats
 from ft_kernels_cpu.shapes import MoeShape
+from helpers.cpu import cpu_is_intel, cpu_is_zen5_or_later
 from helpers.moe_reference import BF16
 
 E, TOP_K, T = 6, 4, 5
@@ -311,18 +310,10 @@ def test_rows_side_by_side_never_change_results(fmt: str, monkeypatch: pytest.Mo
         )
 
 
-def _zen5_or_later() -> bool:
-    # AuthenticAMD, cpu family 26 (0x1A) or above: the executor's Zen 5 defaults.
-    info = Path("/proc/cpuinfo").read_text()
-    families = [int(line.split(":")[1]) for line in info.splitlines() if line.startswith("cpu family")]
-    return "AuthenticAMD" in info and bool(families) and families[0] >= 26
-
-
 def test_multirow_default_and_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     # 0 on Intel, 2048 on AMD's Zen 5 and later, 1024 on older AMD, unless the variable is set.
     monkeypatch.delenv("FT_CPU_MOE_MULTIROW_BYTES", raising=False)
-    intel = "GenuineIntel" in Path("/proc/cpuinfo").read_text()
-    expected = 0 if intel else 2048 if _zen5_or_later() else 1024
+    expected = 0 if cpu_is_intel() else 2048 if cpu_is_zen5_or_later() else 1024
     assert fk.MoeExecutor(64, 2, max_tokens=1).multirow_min_bytes == expected
     monkeypatch.setenv("FT_CPU_MOE_MULTIROW_BYTES", "0")
     assert fk.MoeExecutor(64, 2, max_tokens=1).multirow_min_bytes == 0
@@ -353,7 +344,7 @@ def test_gate_up_turns_never_change_results(fmt: str, monkeypatch: pytest.Monkey
 def test_gate_up_slice_default_and_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     # 2048 on AMD's Zen 5 and later (family 26 and above), 0 elsewhere, unless the variable is set.
     monkeypatch.delenv("FT_CPU_MOE_GATE_UP_SLICE", raising=False)
-    assert fk.MoeExecutor(64, 2, max_tokens=1).gate_up_slice_bytes == (2048 if _zen5_or_later() else 0)
+    assert fk.MoeExecutor(64, 2, max_tokens=1).gate_up_slice_bytes == (2048 if cpu_is_zen5_or_later() else 0)
     for value in ("0", "4096"):
         monkeypatch.setenv("FT_CPU_MOE_GATE_UP_SLICE", value)
         assert fk.MoeExecutor(64, 2, max_tokens=1).gate_up_slice_bytes == int(value)
