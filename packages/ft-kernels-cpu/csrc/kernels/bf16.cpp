@@ -170,20 +170,50 @@ FT_TARGET_AVX2 void dot_rows_block_avx2(const uint16_t* W, size_t ld, const floa
   }
 }
 
+// Loads of the multi-vector kernels below: plain 64-byte loads for whole chunks, masked ones only for
+// a row's last partial chunk. On a 2-core Zen 5 masked loads in the loop held 8 vectors against 3
+// rows of K = 2048 from DRAM to ~9 GB/s a core against ~15 with plain loads of the same lines (the
+// weight loads' share ~7 GB/s of it, the vectors' ~3; docs/benchmarks.md, twenty-eighth session).
+template <bool Masked>
+FT_TARGET_AVX512 inline __m512 load16_bf16_as_f32(const uint16_t* p, __mmask16 m) {
+  const __m256i raw = Masked ? _mm256_maskz_loadu_epi16(m, p) : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+template <bool Masked>
+FT_TARGET_AVX512 inline __m512 load16_f32(const float* p, __mmask16 m) {
+  return Masked ? _mm512_maskz_loadu_ps(m, p) : _mm512_loadu_ps(p);
+}
+template <bool Masked>
+FT_TARGET_AVX512_BF16 inline __m512bh load32_bf16(const uint16_t* p, __mmask32 m) {
+  return (__m512bh)(Masked ? _mm512_maskz_loadu_epi16(m, p) : _mm512_loadu_si512(p));
+}
+
+// One chunk of 16 columns at k of dot_row_multi_avx512 (m: its lanes, all of them unless Masked).
+template <int N, bool Masked>
+FT_TARGET_AVX512 __attribute__((always_inline)) inline void multi_avx512_chunk(const uint16_t* w, const float* const* xs, int k, __mmask16 m,
+                                                const Prefetch& pf, __m512* acc) {
+  if (pf.dist && (k & 31) == 0) pf.ahead(w + k);
+  const __m512 wv = load16_bf16_as_f32<Masked>(w + k, m);
+  for (int j = 0; j < N; ++j) acc[j] = _mm512_fmadd_ps(wv, load16_f32<Masked>(xs[j] + k, m), acc[j]);
+}
+
 template <int N>
 FT_TARGET_AVX512 void dot_row_multi_avx512(const uint16_t* w, const float* const* xs, int K, float* out, int os,
                                            const Prefetch& pf) {
   __m512 acc[N];
   for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
-  for (int k = 0; k < K; k += 16) {
-    const int n = std::min(16, K - k);
-    const __mmask16 m = static_cast<__mmask16>((1u << n) - 1u);
-    if (pf.dist && (k & 31) == 0) pf.ahead(w + k);
-    const __m256i raw = _mm256_maskz_loadu_epi16(m, w + k);
-    const __m512 wv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-    for (int j = 0; j < N; ++j) acc[j] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, xs[j] + k), acc[j]);
-  }
+  int k = 0;
+  for (; k + 16 <= K; k += 16) multi_avx512_chunk<N, false>(w, xs, k, 0xffff, pf, acc);
+  if (k < K) multi_avx512_chunk<N, true>(w, xs, k, static_cast<__mmask16>((1u << (K - k)) - 1u), pf, acc);
   for (int j = 0; j < N; ++j) out[j * os] = _mm512_reduce_add_ps(acc[j]);
+}
+
+template <int N, bool Masked>
+FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void multi_bf16x_chunk(const uint16_t* w, const uint16_t* const* xs, int k, __mmask32 m,
+                                                    const Prefetch& pf, __m512* acc) {
+  if (pf.dist) pf.ahead(w + k);
+  const __m512bh wv = load32_bf16<Masked>(w + k, m);
+  for (int j = 0; j < N; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], wv, load32_bf16<Masked>(xs[j] + k, m));
 }
 
 template <int N>
@@ -191,15 +221,9 @@ FT_TARGET_AVX512_BF16 void dot_row_multi_bf16x(const uint16_t* w, const uint16_t
                                                int os, const Prefetch& pf) {
   __m512 acc[N];
   for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
-  for (int k = 0; k < K; k += 32) {
-    const int n = std::min(32, K - k);
-    const __mmask32 m = n == 32 ? 0xffffffffu : static_cast<__mmask32>((1u << n) - 1u);
-    if (pf.dist) pf.ahead(w + k);
-    const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(m, w + k);
-    for (int j = 0; j < N; ++j) {
-      acc[j] = _mm512_dpbf16_ps(acc[j], wv, (__m512bh)_mm512_maskz_loadu_epi16(m, xs[j] + k));
-    }
-  }
+  int k = 0;
+  for (; k + 32 <= K; k += 32) multi_bf16x_chunk<N, false>(w, xs, k, ~0u, pf, acc);
+  if (k < K) multi_bf16x_chunk<N, true>(w, xs, k, static_cast<__mmask32>((1u << (K - k)) - 1u), pf, acc);
   for (int j = 0; j < N; ++j) out[j * os] = _mm512_reduce_add_ps(acc[j]);
 }
 
@@ -230,27 +254,34 @@ FT_TARGET_AVX512 inline void block_store(const __m512 (&acc)[R][N], float* out, 
 // same order as dot_row_multi_bf16x, so results do not depend on how rows are grouped. Each row
 // prefetches the same line of the next block's row at least (the block's R rows span R * ld bytes,
 // more than a distance of 8192 with rows of 2048 elements).
+template <int N, int R, bool Masked>
+FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void block_bf16x_chunk(const uint16_t* W, size_t ld, const uint16_t* const* xs, int k,
+                                                    __mmask32 m, const Prefetch& pf, size_t lead,
+                                                    __m512 (&acc)[R][N]) {
+  __m512bh wv[R];
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i) {
+    if (pf.dist) pf.ahead_by(W + i * ld + k, lead);
+    wv[i] = load32_bf16<Masked>(W + i * ld + k, m);
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < N; ++j) {
+    const __m512bh xv = load32_bf16<Masked>(xs[j] + k, m);
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv[i], xv);
+  }
+}
+
 template <int N, int R>
 FT_TARGET_AVX512_BF16 void dot_rows_block_bf16x(const uint16_t* W, size_t ld, const uint16_t* const* xs, int K,
                                                 float* out, int os, const Prefetch& pf) {
   __m512 acc[R][N];
   block_zero(acc);
   const size_t lead = std::max(static_cast<size_t>(pf.dist), R * ld * sizeof(uint16_t));
-  for (int k = 0; k < K; k += 32) {
-    const int n = std::min(32, K - k);
-    const __mmask32 m = n == 32 ? 0xffffffffu : static_cast<__mmask32>((1u << n) - 1u);
-    __m512bh wv[R];
-#pragma GCC unroll 4
-    for (int i = 0; i < R; ++i) {
-      if (pf.dist) pf.ahead_by(W + i * ld + k, lead);
-      wv[i] = (__m512bh)_mm512_maskz_loadu_epi16(m, W + i * ld + k);
-    }
-#pragma GCC unroll 8
-    for (int j = 0; j < N; ++j) {
-      const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, xs[j] + k);
-#pragma GCC unroll 4
-      for (int i = 0; i < R; ++i) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv[i], xv);
-    }
+  int k = 0;
+  for (; k + 32 <= K; k += 32) block_bf16x_chunk<N, R, false>(W, ld, xs, k, ~0u, pf, lead, acc);
+  if (k < K) {
+    block_bf16x_chunk<N, R, true>(W, ld, xs, k, static_cast<__mmask32>((1u << (K - k)) - 1u), pf, lead, acc);
   }
   block_store(acc, out, os);
 }
@@ -262,28 +293,33 @@ constexpr int bf16x_block_rows(int n) { return n <= 6 ? 4 : 3; }
 // The avx512 tier's twin of dot_rows_block_bf16x: R rows widened to fp32 once per 16 columns, each
 // vector's 16 floats loaded once for the R rows; every (row, vector) sum is dot_row_multi_avx512's
 // (one row from L3 on Zen 4: 47 GB/s of weights with one vector, 4.4 with 8 before the blocks).
+template <int N, int R, bool Masked>
+FT_TARGET_AVX512 __attribute__((always_inline)) inline void block_avx512_chunk(const uint16_t* W, size_t ld, const float* const* xs, int k,
+                                                __mmask16 m, const Prefetch& pf, size_t lead, __m512 (&acc)[R][N]) {
+  __m512 wv[R];
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i) {
+    if (pf.dist && (k & 31) == 0) pf.ahead_by(W + i * ld + k, lead);
+    wv[i] = load16_bf16_as_f32<Masked>(W + i * ld + k, m);
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < N; ++j) {
+    const __m512 xv = load16_f32<Masked>(xs[j] + k, m);
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
+  }
+}
+
 template <int N, int R>
 FT_TARGET_AVX512 void dot_rows_block_avx512(const uint16_t* W, size_t ld, const float* const* xs, int K, float* out,
                                             int os, const Prefetch& pf) {
   __m512 acc[R][N];
   block_zero(acc);
   const size_t lead = std::max(static_cast<size_t>(pf.dist), R * ld * sizeof(uint16_t));
-  for (int k = 0; k < K; k += 16) {
-    const int n = std::min(16, K - k);
-    const __mmask16 m = static_cast<__mmask16>((1u << n) - 1u);
-    __m512 wv[R];
-#pragma GCC unroll 4
-    for (int i = 0; i < R; ++i) {
-      if (pf.dist && (k & 31) == 0) pf.ahead_by(W + i * ld + k, lead);
-      const __m256i raw = _mm256_maskz_loadu_epi16(m, W + i * ld + k);
-      wv[i] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-    }
-#pragma GCC unroll 8
-    for (int j = 0; j < N; ++j) {
-      const __m512 xv = _mm512_maskz_loadu_ps(m, xs[j] + k);
-#pragma GCC unroll 4
-      for (int i = 0; i < R; ++i) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
-    }
+  int k = 0;
+  for (; k + 16 <= K; k += 16) block_avx512_chunk<N, R, false>(W, ld, xs, k, 0xffff, pf, lead, acc);
+  if (k < K) {
+    block_avx512_chunk<N, R, true>(W, ld, xs, k, static_cast<__mmask16>((1u << (K - k)) - 1u), pf, lead, acc);
   }
   block_store(acc, out, os);
 }
