@@ -235,6 +235,7 @@ FT_TARGET_AVX2 inline void rows_by4(const B& blk, const uint8_t* const* xs, int 
   for (int r = 0; r < nrows; ++r) {
     __m256 acc[G][A];
     for (int q = 0; q < G; ++q)
+      #pragma GCC unroll 8
       for (int a = 0; a < A; ++a) acc[q][a] = _mm256_setzero_ps();
     for_each_pair(blk, r, nb, [&](__m256i L, __m256i H, __m256 s, int p, bool) FT_TARGET_AVX2 {
       pair(L, H, s, p, acc);
@@ -281,6 +282,7 @@ FT_TARGET_AVX2 inline void rows_chains(const B& blk, const uint8_t* const* xs, i
   constexpr int A = NV <= 2 ? 2 : 1;
   for (int r = 0; r < nrows; ++r) {
     __m256 a0[NV], a1[NV];
+    #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) a0[j] = a1[j] = _mm256_setzero_ps();
     __m256(&odd)[NV] = A == 2 ? a1 : a0;
     for_each_pair(blk, r, nb, [&](__m256i L, __m256i H, __m256 s, int p, bool second) FT_TARGET_AVX2 {

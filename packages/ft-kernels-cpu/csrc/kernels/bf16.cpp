@@ -122,6 +122,7 @@ template <int N>
 FT_TARGET_AVX2 void dot_row_multi_avx2(const uint16_t* w, const float* const* xs, int K, float* out, int os,
                                        const Prefetch& pf) {
   __m256 acc[N];
+  #pragma GCC unroll 8
   for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps();
   int k = 0;
   for (; k + 8 <= K; k += 8) {
@@ -147,6 +148,7 @@ FT_TARGET_AVX2 void dot_rows_block_avx2(const uint16_t* W, size_t ld, const floa
   static_assert(R * N <= 12, "accumulators in registers");
   __m256 acc[R][N];
   for (int i = 0; i < R; ++i)
+    #pragma GCC unroll 8
     for (int j = 0; j < N; ++j) acc[i][j] = _mm256_setzero_ps();
   const size_t lead = std::max(static_cast<size_t>(pf.dist), R * ld * sizeof(uint16_t));
   int k = 0;
@@ -201,6 +203,7 @@ template <int N>
 FT_TARGET_AVX512 void dot_row_multi_avx512(const uint16_t* w, const float* const* xs, int K, float* out, int os,
                                            const Prefetch& pf) {
   __m512 acc[N];
+  #pragma GCC unroll 8
   for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
   int k = 0;
   for (; k + 16 <= K; k += 16) multi_avx512_chunk<N, false>(w, xs, k, 0xffff, pf, acc);
@@ -220,6 +223,7 @@ template <int N>
 FT_TARGET_AVX512_BF16 void dot_row_multi_bf16x(const uint16_t* w, const uint16_t* const* xs, int K, float* out,
                                                int os, const Prefetch& pf) {
   __m512 acc[N];
+  #pragma GCC unroll 8
   for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
   int k = 0;
   for (; k + 32 <= K; k += 32) multi_bf16x_chunk<N, false>(w, xs, k, ~0u, pf, acc);

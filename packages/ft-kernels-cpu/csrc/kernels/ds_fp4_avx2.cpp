@@ -63,6 +63,7 @@ FT_TARGET_AVX2 void rows(const uint8_t* W, const uint8_t* S, int nrows, const vo
     }
     __m256 a0[R][NV], a1[R][NV];
     for (int i = 0; i < R; ++i)
+      #pragma GCC unroll 8
       for (int j = 0; j < NV; ++j) a0[i][j] = a1[i][j] = _mm256_setzero_ps();
     // Blocks b and b + 1 (if `pair`) of the R rows against every vector's record b / 2, into acc.
     // ws[i]: row i's scales of blocks b, b + 1 per int32 lane (4 each).

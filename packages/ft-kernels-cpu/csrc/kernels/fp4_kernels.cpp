@@ -232,6 +232,7 @@ FT_TARGET_AVX2 void dot_row_multi_avx2(const uint8_t* w, const uint8_t* s, const
   const __m128i m = _mm_set1_epi8(0x0f);
   if (pf.s.dist) pf.s.ahead(s);
   __m256 acc[N];
+  #pragma GCC unroll 8
   for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps();
   for (int b = 0; b < nb; ++b) {
     if (pf.w.dist && (b & 3) == 0) pf.w.ahead(w + 16 * b);
@@ -262,6 +263,7 @@ FT_TARGET_AVX512 void dot_row_multi_avx512(const uint8_t* w, const uint8_t* s, c
   const int nb = K / 32;
   if (pf.s.dist) pf.s.ahead(s);
   __m512 acc[N];
+  #pragma GCC unroll 8
   for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
   for (int b = 0; b < nb; b += 16) {
     const __m512 sf = e8m0x16(s + b, nb - b);
@@ -297,6 +299,7 @@ FT_TARGET_AVX512_BF16 void dot_row_multi_bf16(const uint8_t* w, const uint8_t* s
   const int nb = K / 32;
   if (pf.s.dist) pf.s.ahead(s);
   __m512 acc[N];
+  #pragma GCC unroll 8
   for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
   for (int b = 0; b < nb; b += 16) {
     const __m512 sf = e8m0x16(s + b, nb - b);
@@ -412,6 +415,7 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8(const uint8_t* W, const uint8_t* S, int n
     constexpr bool kTwoSets = NV < 3;
     __m512 a0[NV], a1[kTwoSets ? NV : 1];
     __m512* const second = kTwoSets ? a1 : a0;
+    #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) a0[j] = second[j] = _mm512_setzero_ps();
     __m512 sx[NV];
     int b = 0;
@@ -488,6 +492,7 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8g(const uint8_t* W, const uint8_t* S, int 
     const uint8_t* s = S + static_cast<size_t>(r) * nb;
     if (pf.s.dist) pf.s.ahead(s);
     __m512 acc[NV];
+    #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) acc[j] = _mm512_setzero_ps();
     for (int g = 0; g < groups; ++g) {
       const uint8_t* wg = w + 256 * g;

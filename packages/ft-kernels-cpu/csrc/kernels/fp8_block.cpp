@@ -73,6 +73,7 @@ FT_TARGET_AVX2 __attribute__((always_inline)) inline void fp8_block_avx2(const u
   static_assert(C == 1 || C == 2 || (C == 4 && N == 1), "1, 2 or (one vector) 4 chains");
   __m256 ac[C][N];
   for (int c = 0; c < C; ++c)
+    #pragma GCC unroll 8
     for (int j = 0; j < N; ++j) ac[c][j] = _mm256_setzero_ps();
   // 16 weights into chains c0 and c1 (the same chain for C = 1).
   auto step = [&](int k, int ca, int cb) FT_TARGET_AVX2 {
@@ -153,6 +154,7 @@ FT_TARGET_AVX2 __attribute__((always_inline)) inline void fp8_block_perm_avx2(co
                                                                               __m256* a) {
   __m256 ac[C][N];
   for (int c = 0; c < C; ++c)
+    #pragma GCC unroll 8
     for (int j = 0; j < N; ++j) ac[c][j] = _mm256_setzero_ps();
   for (int k = 0; k < n; k += 32) {
     __m256i d[4];
@@ -253,12 +255,14 @@ template <int N>
 FT_TARGET_AVX512 void fp8_row_avx512(const uint8_t* w, const float* S, int B, const float* const* xs, int K,
                                      float* out, int os, const Prefetch& pf) {
   __m512 tot[N];
+  #pragma GCC unroll 8
   for (int j = 0; j < N; ++j) tot[j] = _mm512_setzero_ps();
   for (int c0 = 0, c = 0; c0 < K; c0 += B, ++c) {
     const int n = std::min(B, K - c0);
     const uint8_t* wb = w + c0;
     pf.ahead_range(wb, n);
     __m512 a0[N], a1[N];
+    #pragma GCC unroll 8
     for (int j = 0; j < N; ++j) a0[j] = a1[j] = _mm512_setzero_ps();
     int k = 0;
     for (; k + 32 <= n; k += 32) {
@@ -341,6 +345,7 @@ FT_TARGET_AVX512_BF16 void fp8_row_bf16x(const uint8_t* w, const float* S, int B
                                          float* out, int os, const Prefetch& pf) {
   const int CB = (B + 63) / 64 * 64;
   __m512 tot[N];
+  #pragma GCC unroll 8
   for (int j = 0; j < N; ++j) tot[j] = _mm512_setzero_ps();
   int c0 = 0, c = 0;
   if (B == 128) {
@@ -384,7 +389,9 @@ FT_TARGET_AVX512_BF16 void fp8_row_bf16x(const uint8_t* w, const float* S, int B
     // the vectors alone keep the VDPBF16PS units busy and 32 registers would not hold them all.
     constexpr int NO = N <= 2 ? N : 1;
     __m512 ae[N], ao[NO];
+    #pragma GCC unroll 8
     for (int j = 0; j < N; ++j) ae[j] = _mm512_setzero_ps();
+    #pragma GCC unroll 8
     for (int j = 0; j < NO; ++j) ao[j] = _mm512_setzero_ps();
     auto odd = [&](int j) -> __m512& {
       if constexpr (N <= 2) return ao[j];
@@ -498,6 +505,7 @@ FT_TARGET_AVX512_BF16 void fp8_amx_groups(const uint8_t* W, int r0, int groups, 
     const uint8_t* Wg = W + static_cast<size_t>(g) * kGroup * ld;
     const float* sg = S + static_cast<size_t>((r0 + g * kGroup) / B) * nbK;
     __m512 acc[kWide];  // [r * cols + t] flat: cols vectors of 16
+    #pragma GCC unroll 8
     for (int v = 0; v < kWide; ++v) acc[v] = _mm512_setzero_ps();
     for (int c = 0; c < nbK; ++c) {
       if (ahead) prefetch_column(static_cast<long>(g) * nbK + c + ahead);

@@ -392,6 +392,7 @@ struct KAcc {
   __m256 r[kMem ? 1 : NV];
   FT_TARGET_AVX2 KAcc() {
     for (int j = 0; j < (kMem ? NV : 1); ++j) _mm256_store_ps(m[j], _mm256_setzero_ps());
+    #pragma GCC unroll 8
     for (int j = 0; j < (kMem ? 1 : NV); ++j) r[j] = _mm256_setzero_ps();
   }
   FT_TARGET_AVX2 __m256 get(int j) const { return kMem ? _mm256_load_ps(m[j]) : r[j]; }
@@ -846,6 +847,7 @@ void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, f
     for (; r + 4 <= side_rows; r += 4) {
       const uint8_t* w[4] = {W + r * ld, W + (r + 1) * ld, W + (r + 2) * ld, W + (r + 3) * ld};
       __m512 acc[4];
+      #pragma GCC unroll 8
       for (int i = 0; i < 4; ++i) acc[i] = _mm512_setzero_ps();
       int g = 0;
       for (; g < nfull; ++g) {
@@ -891,6 +893,7 @@ void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, f
   for (; r < nrows; ++r) {
     const uint8_t* w = W + r * ld;
     __m512 acc[NV];
+    #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) acc[j] = _mm512_setzero_ps();
     int g = 0;
     for (; g < nfull; ++g) {
@@ -934,6 +937,7 @@ void rows32(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, floa
     for (; r + 4 <= side_rows; r += 4) {
       const uint8_t* w = W + r * ld;
       __m512 acc[4];
+      #pragma GCC unroll 8
       for (int i = 0; i < 4; ++i) acc[i] = _mm512_setzero_ps();
       int b = 0;
       for (; b + 2 <= nb; b += 2) {
@@ -949,6 +953,7 @@ void rows32(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, floa
   for (; r < nrows; ++r) {
     const uint8_t* w = W + r * ld;
     __m512 acc[NV];
+    #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) acc[j] = _mm512_setzero_ps();
     int b = 0;
     for (; b + 2 <= nb; b += 2) {
@@ -1118,6 +1123,7 @@ void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, flo
       const uint8_t* w = W + r * ld;
       __m512 acc[4];
       __m256 off[4];
+      #pragma GCC unroll 8
       for (int i = 0; i < 4; ++i) acc[i] = _mm512_setzero_ps(), off[i] = _mm256_setzero_ps();
       for (int b = 0; b < nb; ++b) {
         if (prefetch) pf.ahead_block<4 * T::bytes>(w + 4 * b * T::bytes);
@@ -1143,6 +1149,7 @@ void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, flo
     const uint8_t* w = W + r * ld;
     __m512 acc[NV];
     __m256 off[NV];
+    #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) acc[j] = _mm512_setzero_ps(), off[j] = _mm256_setzero_ps();
     for (int b = 0; b < nb; ++b) {
       if (prefetch) pf.ahead_block<T::bytes>(w + b * T::bytes);

@@ -93,6 +93,7 @@ FT_TARGET_AVX2 void nvfp4_row_avx2(const uint8_t* w, const uint8_t* sc, const fl
   const float* lut = fp8nv::e4m3_table().v;
   const __m128i tab = e2m1x2_lut_i8(), low4 = _mm_set1_epi8(0x0f);
   __m256 acc0[N], acc1[N];
+  #pragma GCC unroll 8
   for (int j = 0; j < N; ++j) acc0[j] = acc1[j] = _mm256_setzero_ps();
   int k = 0;
   for (; k + 32 <= K; k += 32) {
@@ -139,6 +140,7 @@ FT_TARGET_AVX512 void nvfp4_row_avx512(const uint8_t* w, const uint8_t* sc, cons
   const __m512i pair0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
   const __m512i two = _mm512_set1_epi32(2);
   __m512 acc[N];
+  #pragma GCC unroll 8
   for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
   int k = 0;
   for (; k + 256 <= K; k += 256) {
@@ -231,6 +233,7 @@ template <int N>
 FT_TARGET_AVX512_BF16 void nvfp4_row_vnni(const uint8_t* w, const uint8_t* sc, const uint8_t* const* xs, int K,
                                           float* out, int os, const Prefetch& pf) {
   __m512 acc[N];
+  #pragma GCC unroll 8
   for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
   for (int c = 0; c < K; c += 256) {
     const uint8_t* wb = w + c / 2;
@@ -285,6 +288,7 @@ FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void nvfp4_vnni_bloc
 FT_TARGET_AVX512_BF16 void nvfp4_rows4_vnni(const uint8_t* w, const uint8_t* sc, size_t ldw, size_t lds,
                                             const uint8_t* xq, int K, float* out, const Prefetch& pf) {
   __m512 acc[4];
+  #pragma GCC unroll 8
   for (int i = 0; i < 4; ++i) acc[i] = _mm512_setzero_ps();
   for (int c = 0; c < K; c += 256) {
     const uint8_t* xr = xq + static_cast<size_t>(c / 256) * kVnniBlockBytes;
