@@ -74,11 +74,11 @@ void run_case(size_t bytes, int dist, int near, size_t succ_bytes) {
   const char* t = succ_bytes ? s + ((bytes + 4095) / 4096 + 1) * 4096 : nullptr;
   const int before = g_failures;
   ft::t_prefetch_near = near;
-  ft::t_chain.start(false);
-  ft::t_chain.linked = 0;
+  ft::thread_chain().start(false);
+  ft::thread_chain().linked = 0;
   if (t) {
-    ft::t_chain.add(s, bytes);
-    ft::t_chain.add(t, succ_bytes);
+    ft::thread_chain().add(s, bytes);
+    ft::thread_chain().add(t, succ_bytes);
   }
   g_requests.clear();
   Counts cs(bytes), ct(succ_bytes);
@@ -112,7 +112,7 @@ void run_case(size_t bytes, int dist, int near, size_t succ_bytes) {
     }
   }
   if (t) {
-    if (ft::t_chain.linked != 1) fail("the stream did not link to its successor", ft::t_chain.linked, 1, ctx);
+    if (ft::thread_chain().linked != 1) fail("the stream did not link to its successor", ft::thread_chain().linked, 1, ctx);
     // The successor's own prefetch: its warm head skips what the predecessor requested, less 512 bytes.
     Counts c2(succ_bytes), none(1);
     const ft::StreamPrefetch<> pf2(t, succ_bytes, dist);

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import gc
 import shutil
+import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +64,30 @@ def test_header_is_plain_c(tmp_path: Path) -> None:
         ["cc", "-std=c99", "-Wall", "-Werror", "-fsyntax-only", "-I", fk.get_include(), str(src)], check=True
     )
     assert fk.CAPSULE_NAME == "ft_kernels_cpu.moe_executor_abi"
+
+
+def tls_block_bytes(path: str) -> int | None:
+    """p_memsz of the PT_TLS program header of a 64-bit little-endian ELF file (None: no such header)."""
+    data = Path(path).read_bytes()
+    assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, f"{path}: not a 64-bit little-endian ELF"
+    phoff, = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    for i in range(phnum):
+        p_type, = struct.unpack_from("<I", data, phoff + i * phentsize)
+        if p_type == 7:  # PT_TLS
+            return struct.unpack_from("<Q", data, phoff + i * phentsize + 0x28)[0]
+    return None
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="ELF module")
+def test_module_tls_block_fits_the_static_reserve() -> None:
+    # The kernels' per-call settings use the initial-exec TLS model (stream_prefetch.h), so the
+    # module's whole TLS block is placed in the static TLS space that glibc reserves for libraries
+    # loaded at run time (512 bytes by default, shared with any other such library): a large
+    # thread_local added to the module would make its import fail on a busy process.
+    size = tls_block_bytes(native.__file__)
+    assert size is not None, "the module has no TLS block: the kernels' settings are no longer thread-locals?"
+    assert size <= 256, f"the module's TLS block is {size} bytes; keep large per-thread data on the heap"
 
 
 def test_isa_env_lowers_the_tier(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -139,4 +139,12 @@ class AlignedBuffer {
   size_t count_ = 0;
 };
 
+// One scratch buffer per thread for the kernels that derive per-call tables from x (avx2_pairs.h):
+// one thread-local for all of them, as the module's TLS block is kept small (stream_prefetch.h). A
+// kernel uses it within one call and calls no other kernel meanwhile.
+inline AlignedBuffer<uint8_t>& thread_scratch() {
+  static thread_local AlignedBuffer<uint8_t> scratch;
+  return scratch;
+}
+
 }  // namespace ft

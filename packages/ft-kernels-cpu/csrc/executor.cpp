@@ -78,14 +78,14 @@ struct MoeJob final : PoolJob {
     t_gate_up_slice_bytes = gate_up_slice_bytes;
     if (chain) {
       // This unit's weight streams, then the next one's: each stream's prefetch runs on into the next
-      StreamChain& c = t_chain;
+      StreamChain& c = thread_chain();
       c.start(claimed_ahead);
       add_streams(u, c);
       if (next != kNoUnit) add_streams(next, c);
     }
     run_unit_rows(u, worker);
     if (chain) {
-      StreamChain& c = t_chain;
+      StreamChain& c = thread_chain();
       c.n = 0;  // warm_head stays: the next unit's head, when it was claimed (start() above)
       links[worker].v += c.linked;
       c.linked = 0;

@@ -197,7 +197,7 @@ FT_TARGET_AVX2 inline void rows_by4(const B& blk, const uint8_t* const* xs, int 
   constexpr bool S16 = !B::kScalePerBlock;
   constexpr int G = NV / 4, A = S16 ? 2 : 1;  // accumulators per group (S16: vectors a, c and b, d)
   const int np = (nb + 1) / 2;
-  static thread_local AlignedBuffer<uint8_t> scratch;
+  AlignedBuffer<uint8_t>& scratch = thread_scratch();
   scratch.resize(static_cast<size_t>(np) * G * kBy4Regs<S16> * sizeof(__m256i));
   auto* derived = reinterpret_cast<__m256i*>(scratch.data());
   derive_by4<NV, S16>(xs, np, derived);

@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "common.h"
 
@@ -64,9 +65,18 @@ inline void prefetch_line(const char* q) {
 #endif
 }
 
+// The executor's settings for the kernels a thread runs (below) are read at every kernel call, so they
+// take the initial-exec TLS model: a load at a fixed offset from the thread pointer. In the general
+// model of a shared library every read was a call of __tls_get_addr, 6% of a q4_0 decode step in
+// cache on the 2-core Zen 5 (docs/benchmarks.md, twenty-eighth session). With it the module's whole
+// TLS block must fit the static TLS space that glibc keeps for libraries loaded at run time (512
+// bytes by default), so the module's thread-locals are words and pointers, ~200 bytes in all
+// (tests/ft_kernels_cpu/test_abi_and_errors.py checks the block's size).
+#define FT_KERNEL_TLS thread_local __attribute__((tls_model("initial-exec")))
+
 // The L1 distance of the two-level scheme for the kernels this thread runs, bytes (0: one level).
 // The executor sets it for every unit it runs; only streams prefetching further ahead use it.
-inline thread_local int t_prefetch_near = 0;
+inline FT_KERNEL_TLS int t_prefetch_near = 0;
 inline int near_distance(int dist) { return t_prefetch_near > 0 && dist > t_prefetch_near ? t_prefetch_near : 0; }
 
 // The least bytes a row must have for the kernels of the avx512_bf16 tier to read several rows side
@@ -79,7 +89,7 @@ inline int near_distance(int dist) { return t_prefetch_near > 0 && dist > t_pref
 // docs/benchmarks.md, twenty-second session). The executor sets it for every unit it runs
 // (MoeExecutor::multirow_min_bytes, $FT_CPU_MOE_MULTIROW_BYTES); outside the executor the default holds.
 constexpr int kMultirowMinBytes = 1024;
-inline thread_local int t_multirow_min_bytes = kMultirowMinBytes;
+inline FT_KERNEL_TLS int t_multirow_min_bytes = kMultirowMinBytes;
 inline bool multirow(size_t row_bytes) { return row_bytes >= static_cast<size_t>(t_multirow_min_bytes); }
 
 // Gate and up rows in slices (MoeExecutor::gate_up_slice_bytes, $FT_CPU_MOE_GATE_UP_SLICE). The pass-1
@@ -90,7 +100,7 @@ inline bool multirow(size_t row_bytes) { return row_bytes >= static_cast<size_t>
 // rows faster than one from DRAM, in turns of up to 4 KiB (turns of 8 KiB and more: as one stream), and
 // only when they lay far enough apart (docs/benchmarks.md, twenty-seventh session). The executor sets it
 // for every unit it runs; outside the executor it is 0.
-inline thread_local int t_gate_up_slice_bytes = 0;
+inline FT_KERNEL_TLS int t_gate_up_slice_bytes = 0;
 
 // Rows [0, rows) of a gate block and of its up block, each row_bytes long, against `vectors` vectors,
 // as f(r0, n, up): for one vector in slices of as many whole rows as t_gate_up_slice_bytes holds,
@@ -142,12 +152,23 @@ struct StreamChain {
     }
   }
 };
-inline thread_local StreamChain t_chain;
+// This thread's chain: on the heap (the module's whole TLS block takes static TLS space, so it holds
+// only words), made at its first use and freed when the thread ends.
+inline thread_local std::unique_ptr<StreamChain> t_chain_owner;
+inline FT_KERNEL_TLS StreamChain* t_chain_ptr = nullptr;
+inline StreamChain& thread_chain() {
+  StreamChain* c = t_chain_ptr;
+  if (__builtin_expect(c == nullptr, 0)) {
+    t_chain_owner = std::make_unique<StreamChain>();
+    c = t_chain_ptr = t_chain_owner.get();
+  }
+  return *c;
+}
 
 // Links the stream [b, e) into this thread's chain: its successor (*sb, *se; null when none) and
 // whether its predecessor is requesting its head (then it skips the burst of its first bytes).
 inline bool chain_link(const char* b, const char* e, const char** sb, const char** se) {
-  StreamChain& c = t_chain;
+  StreamChain& c = thread_chain();
   // Only inside a chained unit (n > 0): a head left from another job's units never skips a burst.
   const bool warm = c.n > 0 && c.warm_head != nullptr && c.warm_head == b;
   *sb = *se = nullptr;
@@ -173,7 +194,7 @@ struct StreamPrefetch {
   const char* end = nullptr;  // one past the last byte of the stream
   int dist = 0;               // bytes ahead; 0 disables
   int near = 0;               // two-level: the L1 prefetch's distance (0: one level)
-  const char* succ = nullptr;      // the next stream of this thread's chain (t_chain), or null
+  const char* succ = nullptr;      // the next stream of this thread's chain (thread_chain()), or null
   const char* succ_end = nullptr;
 
   StreamPrefetch() = default;
