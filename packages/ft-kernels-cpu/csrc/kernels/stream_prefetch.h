@@ -70,8 +70,8 @@ inline void prefetch_line(const char* q) {
 // model of a shared library every read was a call of __tls_get_addr, 6% of a q4_0 decode step in
 // cache on the 2-core Zen 5 (docs/benchmarks.md, twenty-eighth session). With it the module's whole
 // TLS block must fit the static TLS space that glibc keeps for libraries loaded at run time (512
-// bytes by default), so the module's thread-locals are words and pointers, ~200 bytes in all
-// (tests/ft_kernels_cpu/test_abi_and_errors.py checks the block's size).
+// bytes by default), so the module's thread-locals are words, pointers and small buffers (176-280 bytes)
+// (tests/ft_kernels_cpu/test_abi_and_errors.py keeps the block under 384 bytes).
 #define FT_KERNEL_TLS thread_local __attribute__((tls_model("initial-exec")))
 
 // The L1 distance of the two-level scheme for the kernels this thread runs, bytes (0: one level).
