@@ -908,6 +908,45 @@ void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, f
   }
 }
 
+// Row r of a gate block and row r of its up block against one vector, side by side group by group:
+// the core's two weight streams, rows apart by the intermediate size, in one loop (stream_prefetch.h's
+// gate and up turns, at their finest), x's record loaded once for both rows, and one call per unit in
+// place of one per turn of a row or two (on the 2-core Zen 5 the calls' fixed costs were ~12% of a
+// step in cache; docs/benchmarks.md, twenty-eighth session). Each row's arithmetic is exactly
+// q4_0_group<1>'s and its sum rows_q4_0's, so results are those of rows_q4_0<1> bit for bit.
+void gate_up_q4_0(const uint8_t* Wg, const uint8_t* Wu, size_t ld, int nrows, const Q8Ref& x, int K, float* og,
+                  float* ou, int prefetch) {
+  const int nb = K / 32, nfull = nb / 8;
+  const __m512i ic0 = Q4_0::idx_codes0(), ic1 = Q4_0::idx_codes1(), isc = Q4_0::idx_scales();
+  const size_t span = rows_stream_bytes(ld, nrows, static_cast<size_t>(nb) * Q4_0::bytes);
+  const StreamPrefetch<> pg(Wg, span, prefetch), pu(Wu, span, prefetch);
+  for (int r = 0; r < nrows; ++r) {
+    const uint8_t* g = Wg + r * ld;
+    const uint8_t* u = Wu + r * ld;
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    int k = 0;
+    for (; k < nfull; ++k) {
+      if (prefetch) {
+        pg.ahead_block<144>(g + k * 144);
+        pu.ahead_block<144>(u + k * 144);
+      }
+      const uint8_t* p[2] = {g + k * 144, u + k * 144};
+      q4_0_group_rows<2>(p, x.q + static_cast<size_t>(k) * kQ4_0XGroupBytes, isc, acc);
+    }
+    if (8 * k < nb) {
+      if (prefetch) {
+        pg.ahead_block<144>(g + k * 144);
+        pu.ahead_block<144>(u + k * 144);
+      }
+      const size_t xo = static_cast<size_t>(k) * kQ4_0XGroupBytes;
+      q4_0_group<1>(g + k * 144, nb - 8 * k, &x, xo, ic0, ic1, isc, &acc[0]);
+      q4_0_group<1>(u + k * 144, nb - 8 * k, &x, xo, ic0, ic1, isc, &acc[1]);
+    }
+    og[r] = rowred::hsum(acc[0]);
+    ou[r] = rowred::hsum(acc[1]);
+  }
+}
+
 // Q8_0: int8 codes as they are.
 struct Q8_0 {
   static constexpr int elems = 32, bytes = 34;
@@ -1274,6 +1313,7 @@ void q8_256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int 
       {multi_scalar<rows_f16_scalar>, avx2::multi_f16, avx512::multi_f16, avx512::multi_f16}
 #define FT_GGML_Q8(R, T) vnni::R<vnni::T>
 #define FT_GGML_Q8_Q4_0 vnni::q8_q4_0
+#define FT_GGML_Q8_GATE_UP_Q4_0 vnni::gate_up_q4_0
 #define FT_GGML_Q8_AVX2(T) avx2q8::q8_##T
 #else
 #define FT_GGML_TIERS(scalar_fn, T) \
@@ -1285,6 +1325,7 @@ void q8_256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int 
        multi_scalar<rows_f16_scalar>}
 #define FT_GGML_Q8(R, T) nullptr
 #define FT_GGML_Q8_Q4_0 nullptr
+#define FT_GGML_Q8_GATE_UP_Q4_0 nullptr
 #define FT_GGML_Q8_AVX2(T) nullptr
 #endif  // FT_X86
 
@@ -1298,7 +1339,7 @@ namespace {
 const TypeInfo kTypes[] = {
     {8, "Q8_0", 32, 34, FT_GGML_TIERS((rows_scalar<32, 34, deq_q8_0>), Q8_0), FT_GGML_Q8(q8_32, Q8_0), true, 32, 0, nullptr},
     {2, "Q4_0", 32, 18, FT_GGML_TIERS((rows_scalar<32, 18, deq_q4_0>), Q4_0), FT_GGML_Q8_Q4_0, false, 256, kQ8Q4_0,
-     FT_GGML_Q8_AVX2(q4_0), 8},
+     FT_GGML_Q8_AVX2(q4_0), 8, FT_GGML_Q8_GATE_UP_Q4_0},
     {30, "BF16", 1, 2, {rows_bf16<Isa::scalar>, rows_bf16<Isa::avx2>, rows_bf16<Isa::avx512>, rows_bf16<Isa::avx512>},
      {multi_bf16<Isa::scalar>, multi_bf16<Isa::avx2>, multi_bf16<Isa::avx512>, multi_bf16<Isa::avx512>}, nullptr, false,
      32, 0, nullptr},
@@ -1441,10 +1482,17 @@ void GgmlMoeFormat::gate_up_tokens(const TaskInput& in, int e, const int* tokens
     xs[j] = in.x_f32 + static_cast<size_t>(tokens[j]) * H;
     if (gu_q8_) qs[j] = Q8Ref{xq_.data() + tokens[j] * x_stride()};
   }
-  auto part = [&](int r, int c, bool is_up) {
-    mat_rows(is_up ? up_ : gate_, gu_q8_, e, i0 + r, i0 + r + c, xs, qs, n, H, (is_up ? up : gate) + r, stride);
-  };
-  gate_up_slices(rows, gate_.row_bytes, n, part);  // one vector: gate and up in turns (stream_prefetch.h)
+  if (n == 1 && gu_q8_ && !avx2_q8_ && gate_.type->q8_gate_up && t_gate_up_slice_bytes > 0) {
+    // gate and up in turns at their finest: side by side in one call (Q4_0)
+    const uint8_t* wg = gate_.data + e * gate_.expert_stride + i0 * gate_.row_bytes;
+    const uint8_t* wu = up_.data + e * up_.expert_stride + i0 * up_.row_bytes;
+    gate_.type->q8_gate_up(wg, wu, gate_.row_bytes, rows, qs[0], H, gate, up, p_.prefetch);
+  } else {
+    auto part = [&](int r, int c, bool is_up) {
+      mat_rows(is_up ? up_ : gate_, gu_q8_, e, i0 + r, i0 + r + c, xs, qs, n, H, (is_up ? up : gate) + r, stride);
+    };
+    gate_up_slices(rows, gate_.row_bytes, n, part);  // one vector: gate and up in turns (stream_prefetch.h)
+  }
   const float* bg = gate_.bias ? gate_.bias + e * gate_.bias_stride + i0 : nullptr;
   const float* bu = up_.bias ? up_.bias + e * up_.bias_stride + i0 : nullptr;
   for (int j = 0; j < n; ++j) {

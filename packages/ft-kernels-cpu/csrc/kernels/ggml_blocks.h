@@ -98,6 +98,10 @@ void q8_avx2k_quantize(const float* x, int k0, int k1, int K, void* base);
 // Int8 kernels: out[j * os + r] = row r . dequant(xs[j]) for n <= 8 vectors.
 using Q8Fn = void (*)(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os,
                       int prefetch);
+// Int8 kernel of one vector over rows [0, nrows) of a gate block Wg and of its up block Wu, side by
+// side: og[r] = gate row r . dequant(x), ou[r] = up row r . dequant(x), each bit for bit its Q8Fn's.
+using Q8GateUpFn = void (*)(const uint8_t* Wg, const uint8_t* Wu, size_t ld, int nrows, const Q8Ref& x, int K,
+                            float* og, float* ou, int prefetch);
 
 struct TypeInfo {
   int id;  // ggml_type
@@ -112,6 +116,7 @@ struct TypeInfo {
   int q8_layout;           // Q8Layout of the x that q8 takes
   Q8Fn q8_avx2;            // int8-activation kernels of the avx2 tier (VPMADDUBSW) or nullptr
   int q8_avx2_pairs = 0;   // q8_avx2 takes x as avx2_pairs.h's records with this code offset (0: kQ8Avx2K)
+  Q8GateUpFn q8_gate_up = nullptr;  // q8's gate and up rows side by side (one vector), or nullptr
 };
 
 // The supported type of ggml id `id`, or nullptr.
