@@ -28,9 +28,14 @@ def shape_for(fmt: str) -> MoeShape:
 
 
 def run_format(
-    fmt: str, threads: int, prefetch: int | None = None, profile: dict | None = None, tokens: int = T
+    fmt: str,
+    threads: int,
+    prefetch: int | None = None,
+    profile: dict | None = None,
+    tokens: int = T,
+    shape: MoeShape | None = None,
 ) -> np.ndarray:
-    shape = shape_for(fmt)
+    shape = shape or shape_for(fmt)
     mod = bench_formats.load(fmt)
     rng = np.random.default_rng(7)
     banks = mod.banks(shape, E, rng)
@@ -339,6 +344,26 @@ def test_gate_up_turns_never_change_results(fmt: str, monkeypatch: pytest.Monkey
                 got = run_format(fmt, threads=2, tokens=tokens)
                 msg = f"{fmt}, {tokens} tokens, turns of {value} bytes, units {rows}"
                 np.testing.assert_array_equal(got, want, err_msg=msg)
+
+
+@pytest.mark.parametrize("gate_up_type", ["Q4_0", "Q4_K", "Q5_K", "Q6_K", "Q8_0"])
+def test_gguf_gate_up_turns_never_change_results(gate_up_type: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Q4_0 and the K-quants read one vector's gate and up rows side by side in one call wherever turns
+    # are on (any FT_CPU_MOE_GATE_UP_SLICE > 0), other types (Q8_0) in turns of whole rows: the bits of
+    # no turns either way. Hidden 608 leaves Q4_0 rows a short last group (19 blocks: 2 groups of 8 and
+    # 3); the K-quants take 512.
+    gguf = bench_formats.load("gguf")
+    monkeypatch.setitem(gguf.OPTIONS, "gate_up_type", getattr(gguf, gate_up_type))
+    hidden = 512 if gate_up_type.endswith("_K") else 608
+    shape = MoeShape(hidden, 768, E, TOP_K, 1, "silu")
+    for tokens in (1, T):
+        monkeypatch.setenv("FT_CPU_MOE_GATE_UP_SLICE", "0")
+        want = run_format("gguf", threads=1, tokens=tokens, shape=shape)
+        assert np.any(want != 0)
+        for value in ("1", "2048", "1048576"):
+            monkeypatch.setenv("FT_CPU_MOE_GATE_UP_SLICE", value)
+            got = run_format("gguf", threads=2, tokens=tokens, shape=shape)
+            np.testing.assert_array_equal(got, want, err_msg=f"{gate_up_type}, {tokens} tokens, turns of {value}")
 
 
 def test_gate_up_slice_default_and_variable(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1296,6 +1296,33 @@ template <class T>
 void q8_256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) {
   dispatch_n(n, [&](auto nv) { rows256<T, decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
 }
+// gate_up_q4_0's side-by-side rows for the K-quants: row r of gate and of up against one vector,
+// super-block by super-block, each row's arithmetic and sum exactly rows256's single-row loop.
+template <class T>
+void gate_up256(const uint8_t* Wg, const uint8_t* Wu, size_t ld, int nrows, const Q8Ref& x, int K, float* og,
+                float* ou, int prefetch) {
+  const int nb = K / 256;
+  const size_t span = rows_stream_bytes(ld, nrows, static_cast<size_t>(nb) * T::bytes);
+  const StreamPrefetch<> pg(Wg, span, prefetch), pu(Wu, span, prefetch);
+  for (int r = 0; r < nrows; ++r) {
+    const uint8_t* g = Wg + r * ld;
+    const uint8_t* u = Wu + r * ld;
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    __m256 off[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int b = 0; b < nb; ++b) {
+      if (prefetch) {
+        pg.ahead_block<T::bytes>(g + b * T::bytes);
+        pu.ahead_block<T::bytes>(u + b * T::bytes);
+      }
+      T::template block<1>(g + b * T::bytes, &x, K, 256 * b, &acc[0], &off[0]);
+      T::template block<1>(u + b * T::bytes, &x, K, 256 * b, &acc[1], &off[1]);
+    }
+    for (int i = 0; i < 2; ++i) {
+      const __m128 o = _mm_add_ps(_mm256_castps256_ps128(off[i]), _mm256_extractf128_ps(off[i], 1));
+      (i ? ou : og)[r] = rowred::hsum(acc[i]) - _mm_cvtss_f32(_mm_hadd_ps(_mm_hadd_ps(o, o), _mm_hadd_ps(o, o)));
+    }
+  }
+}
 
 }  // namespace
 }  // namespace vnni
@@ -1314,6 +1341,7 @@ void q8_256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int 
 #define FT_GGML_Q8(R, T) vnni::R<vnni::T>
 #define FT_GGML_Q8_Q4_0 vnni::q8_q4_0
 #define FT_GGML_Q8_GATE_UP_Q4_0 vnni::gate_up_q4_0
+#define FT_GGML_Q8_GATE_UP(T) vnni::gate_up256<vnni::T>
 #define FT_GGML_Q8_AVX2(T) avx2q8::q8_##T
 #else
 #define FT_GGML_TIERS(scalar_fn, T) \
@@ -1326,6 +1354,7 @@ void q8_256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int 
 #define FT_GGML_Q8(R, T) nullptr
 #define FT_GGML_Q8_Q4_0 nullptr
 #define FT_GGML_Q8_GATE_UP_Q4_0 nullptr
+#define FT_GGML_Q8_GATE_UP(T) nullptr
 #define FT_GGML_Q8_AVX2(T) nullptr
 #endif  // FT_X86
 
@@ -1347,11 +1376,11 @@ const TypeInfo kTypes[] = {
     {39, "MXFP4", 32, 17, FT_GGML_TIERS((rows_scalar<32, 17, deq_mxfp4>), MXFP4), nullptr, false, 32, 0,
      FT_GGML_Q8_AVX2(mxfp4), 12},
     {12, "Q4_K", 256, 144, FT_GGML_TIERS((rows_scalar<256, 144, deq_q4_k>), Q4_K), FT_GGML_Q8(q8_256, QK45<false>),
-     false, 256, kQ8KQuant, FT_GGML_Q8_AVX2(q4_k)},
+     false, 256, kQ8KQuant, FT_GGML_Q8_AVX2(q4_k), 0, FT_GGML_Q8_GATE_UP(QK45<false>)},
     {14, "Q6_K", 256, 210, FT_GGML_TIERS((rows_scalar<256, 210, deq_q6_k>), Q6_K), FT_GGML_Q8(q8_256, Q6K), false,
-     256, kQ8Q6K, FT_GGML_Q8_AVX2(q6_k)},
+     256, kQ8Q6K, FT_GGML_Q8_AVX2(q6_k), 0, FT_GGML_Q8_GATE_UP(Q6K)},
     {13, "Q5_K", 256, 176, FT_GGML_TIERS((rows_scalar<256, 176, deq_q5_k>), Q5_K), FT_GGML_Q8(q8_256, QK45<true>),
-     false, 256, kQ8KQuant, FT_GGML_Q8_AVX2(q5_k)},
+     false, 256, kQ8KQuant, FT_GGML_Q8_AVX2(q5_k), 0, FT_GGML_Q8_GATE_UP(QK45<true>)},
 };
 
 }  // namespace
@@ -1483,7 +1512,7 @@ void GgmlMoeFormat::gate_up_tokens(const TaskInput& in, int e, const int* tokens
     if (gu_q8_) qs[j] = Q8Ref{xq_.data() + tokens[j] * x_stride()};
   }
   if (n == 1 && gu_q8_ && !avx2_q8_ && gate_.type->q8_gate_up && t_gate_up_slice_bytes > 0) {
-    // gate and up in turns at their finest: side by side in one call (Q4_0)
+    // gate and up in turns at their finest: side by side in one call (Q4_0 and the K-quants)
     const uint8_t* wg = gate_.data + e * gate_.expert_stride + i0 * gate_.row_bytes;
     const uint8_t* wu = up_.data + e * up_.expert_stride + i0 * up_.row_bytes;
     gate_.type->q8_gate_up(wg, wu, gate_.row_bytes, rows, qs[0], H, gate, up, p_.prefetch);
