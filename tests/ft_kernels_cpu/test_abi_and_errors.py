@@ -70,10 +70,10 @@ def tls_block_bytes(path: str) -> int | None:
     """p_memsz of the PT_TLS program header of a 64-bit little-endian ELF file (None: no such header)."""
     data = Path(path).read_bytes()
     assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, f"{path}: not a 64-bit little-endian ELF"
-    phoff, = struct.unpack_from("<Q", data, 0x20)
+    (phoff,) = struct.unpack_from("<Q", data, 0x20)
     phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
     for i in range(phnum):
-        p_type, = struct.unpack_from("<I", data, phoff + i * phentsize)
+        (p_type,) = struct.unpack_from("<I", data, phoff + i * phentsize)
         if p_type == 7:  # PT_TLS
             return struct.unpack_from("<Q", data, phoff + i * phentsize + 0x28)[0]
     return None

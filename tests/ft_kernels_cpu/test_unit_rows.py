@@ -363,7 +363,8 @@ def test_gguf_gate_up_turns_never_change_results(gate_up_type: str, monkeypatch:
         for value in ("1", "2048", "1048576"):
             monkeypatch.setenv("FT_CPU_MOE_GATE_UP_SLICE", value)
             got = run_format("gguf", threads=2, tokens=tokens, shape=shape)
-            np.testing.assert_array_equal(got, want, err_msg=f"{gate_up_type}, {tokens} tokens, turns of {value}")
+            msg = f"{gate_up_type}, {tokens} tokens, turns of {value}"
+            np.testing.assert_array_equal(got, want, err_msg=msg)
 
 
 def test_gate_up_slice_default_and_variable(monkeypatch: pytest.MonkeyPatch) -> None:
