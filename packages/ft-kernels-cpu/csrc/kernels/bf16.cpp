@@ -178,8 +178,8 @@ FT_TARGET_AVX2 void dot_rows_block_avx2(const uint16_t* W, size_t ld, const floa
 // weight loads' share ~7 GB/s of it, the vectors' ~3; docs/benchmarks.md, twenty-eighth session).
 template <bool Masked>
 FT_TARGET_AVX512 inline __m512 load16_bf16_as_f32(const uint16_t* p, __mmask16 m) {
-  const __m256i raw = Masked ? _mm256_maskz_loadu_epi16(m, p) : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+  if (!Masked) return load16_bf16(p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
 }
 template <bool Masked>
 FT_TARGET_AVX512 inline __m512 load16_f32(const float* p, __mmask16 m) {
@@ -192,8 +192,10 @@ FT_TARGET_AVX512_BF16 inline __m512bh load32_bf16(const uint16_t* p, __mmask32 m
 
 // One chunk of 16 columns at k of dot_row_multi_avx512 (m: its lanes, all of them unless Masked).
 template <int N, bool Masked>
-FT_TARGET_AVX512 __attribute__((always_inline)) inline void multi_avx512_chunk(const uint16_t* w, const float* const* xs, int k, __mmask16 m,
-                                                const Prefetch& pf, __m512* acc) {
+FT_TARGET_AVX512 __attribute__((always_inline)) inline void multi_avx512_chunk(const uint16_t* w,
+                                                                               const float* const* xs, int k,
+                                                                               __mmask16 m, const Prefetch& pf,
+                                                                               __m512* acc) {
   if (pf.dist && (k & 31) == 0) pf.ahead(w + k);
   const __m512 wv = load16_bf16_as_f32<Masked>(w + k, m);
   for (int j = 0; j < N; ++j) acc[j] = _mm512_fmadd_ps(wv, load16_f32<Masked>(xs[j] + k, m), acc[j]);
@@ -212,8 +214,10 @@ FT_TARGET_AVX512 void dot_row_multi_avx512(const uint16_t* w, const float* const
 }
 
 template <int N, bool Masked>
-FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void multi_bf16x_chunk(const uint16_t* w, const uint16_t* const* xs, int k, __mmask32 m,
-                                                    const Prefetch& pf, __m512* acc) {
+FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void multi_bf16x_chunk(const uint16_t* w,
+                                                                                   const uint16_t* const* xs, int k,
+                                                                                   __mmask32 m, const Prefetch& pf,
+                                                                                   __m512* acc) {
   if (pf.dist) pf.ahead(w + k);
   const __m512bh wv = load32_bf16<Masked>(w + k, m);
   for (int j = 0; j < N; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], wv, load32_bf16<Masked>(xs[j] + k, m));
@@ -259,9 +263,9 @@ FT_TARGET_AVX512 inline void block_store(const __m512 (&acc)[R][N], float* out, 
 // prefetches the same line of the next block's row at least (the block's R rows span R * ld bytes,
 // more than a distance of 8192 with rows of 2048 elements).
 template <int N, int R, bool Masked>
-FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void block_bf16x_chunk(const uint16_t* W, size_t ld, const uint16_t* const* xs, int k,
-                                                    __mmask32 m, const Prefetch& pf, size_t lead,
-                                                    __m512 (&acc)[R][N]) {
+FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void block_bf16x_chunk(
+    const uint16_t* W, size_t ld, const uint16_t* const* xs, int k, __mmask32 m, const Prefetch& pf, size_t lead,
+    __m512 (&acc)[R][N]) {
   __m512bh wv[R];
 #pragma GCC unroll 4
   for (int i = 0; i < R; ++i) {
@@ -298,8 +302,9 @@ constexpr int bf16x_block_rows(int n) { return n <= 6 ? 4 : 3; }
 // vector's 16 floats loaded once for the R rows; every (row, vector) sum is dot_row_multi_avx512's
 // (one row from L3 on Zen 4: 47 GB/s of weights with one vector, 4.4 with 8 before the blocks).
 template <int N, int R, bool Masked>
-FT_TARGET_AVX512 __attribute__((always_inline)) inline void block_avx512_chunk(const uint16_t* W, size_t ld, const float* const* xs, int k,
-                                                __mmask16 m, const Prefetch& pf, size_t lead, __m512 (&acc)[R][N]) {
+FT_TARGET_AVX512 __attribute__((always_inline)) inline void block_avx512_chunk(
+    const uint16_t* W, size_t ld, const float* const* xs, int k, __mmask16 m, const Prefetch& pf, size_t lead,
+    __m512 (&acc)[R][N]) {
   __m512 wv[R];
 #pragma GCC unroll 4
   for (int i = 0; i < R; ++i) {

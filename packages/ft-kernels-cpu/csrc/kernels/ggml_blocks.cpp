@@ -1148,6 +1148,14 @@ struct Q6K {
     }
   }
 };
+
+// A row's result in rows256's one-row loop (and gate_up256's): its products' sum less its offsets'
+// (the 4-row loop's transposed sums give the same bits).
+inline float row256_sum(__m512 acc, __m256 off) {
+  const __m128 o = _mm_add_ps(_mm256_castps256_ps128(off), _mm256_extractf128_ps(off, 1));
+  return rowred::hsum(acc) - _mm_cvtss_f32(_mm_hadd_ps(_mm_hadd_ps(o, o), _mm_hadd_ps(o, o)));
+}
+
 template <class T, int NV>
 void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
   const int nb = K / 256;
@@ -1194,10 +1202,7 @@ void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, flo
       if (prefetch) pf.ahead_block<T::bytes>(w + b * T::bytes);
       T::template block<NV>(w + b * T::bytes, xs, K, 256 * b, acc, off);
     }
-    for (int j = 0; j < NV; ++j) {
-      const __m128 o = _mm_add_ps(_mm256_castps256_ps128(off[j]), _mm256_extractf128_ps(off[j], 1));
-      out[j * os + r] = rowred::hsum(acc[j]) - _mm_cvtss_f32(_mm_hadd_ps(_mm_hadd_ps(o, o), _mm_hadd_ps(o, o)));
-    }
+    for (int j = 0; j < NV; ++j) out[j * os + r] = row256_sum(acc[j], off[j]);
   }
 }
 
@@ -1317,10 +1322,8 @@ void gate_up256(const uint8_t* Wg, const uint8_t* Wu, size_t ld, int nrows, cons
       T::template block<1>(g + b * T::bytes, &x, K, 256 * b, &acc[0], &off[0]);
       T::template block<1>(u + b * T::bytes, &x, K, 256 * b, &acc[1], &off[1]);
     }
-    for (int i = 0; i < 2; ++i) {
-      const __m128 o = _mm_add_ps(_mm256_castps256_ps128(off[i]), _mm256_extractf128_ps(off[i], 1));
-      (i ? ou : og)[r] = rowred::hsum(acc[i]) - _mm_cvtss_f32(_mm_hadd_ps(_mm_hadd_ps(o, o), _mm_hadd_ps(o, o)));
-    }
+    og[r] = row256_sum(acc[0], off[0]);
+    ou[r] = row256_sum(acc[1], off[1]);
   }
 }
 
