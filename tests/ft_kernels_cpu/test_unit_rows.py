@@ -316,9 +316,9 @@ def test_rows_side_by_side_never_change_results(fmt: str, monkeypatch: pytest.Mo
 
 
 def test_multirow_default_and_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    # 0 on Intel, 2048 on AMD's Zen 5 and later, 1024 on older AMD, unless the variable is set.
+    # 0 on Intel, 2048 on AMD, unless the variable is set.
     monkeypatch.delenv("FT_CPU_MOE_MULTIROW_BYTES", raising=False)
-    expected = 0 if cpu_is_intel() else 2048 if cpu_is_zen5_or_later() else 1024
+    expected = 0 if cpu_is_intel() else 2048
     assert fk.MoeExecutor(64, 2, max_tokens=1).multirow_min_bytes == expected
     monkeypatch.setenv("FT_CPU_MOE_MULTIROW_BYTES", "0")
     assert fk.MoeExecutor(64, 2, max_tokens=1).multirow_min_bytes == 0

@@ -344,20 +344,18 @@ static int env_bytes(const char* name, int fallback, const char* meaning) {
 
 // $FT_CPU_MOE_MULTIROW_BYTES: the least row bytes for which int8 kernels read several rows side by side
 // (stream_prefetch.h's multirow), an integer in [0, 1048576] (0: always; above any row: never), else
-// the vendor's default: kMultirowMinBytes on AMD before Zen 5 (measured on Zen 5 before the turns below),
-// 0 (always) on Intel, where the GPU
-// machine's Xeon took batch 8 sharing its experts from 452 to 682 us a step (q4_0) and 462 to 826
-// (nvfp4) with the 2-row kernels gated at 1024 bytes (16 threads; docs/benchmarks.md, twenty-second
-// session). On Zen 5 and later 2048: with gate and up rows in turns no one-vector call reads rows of
-// 1-2 KiB four at a time any more, and the int8 formats' 2-row kernels of several vectors read those
-// rows slower than one at a time (2 threads, batch 8 sharing its experts: q4_0 x0.904, nvfp4 x0.886),
-// while fp8_block's 2-row VDPBF16PS kernels (rows of 2 KiB, x1.67 without them) keep theirs
-// (twenty-seventh session). A knob for measuring it on a machine.
+// the vendor's default: 0 (always) on Intel, where the GPU machine's Xeon took batch 8 sharing its
+// experts from 452 to 682 us a step (q4_0) and 462 to 826 (nvfp4) with the 2-row kernels gated at 1024
+// bytes (16 threads; docs/benchmarks.md, twenty-second session); 2048 on AMD, so that rows of 1-2 KiB
+// (q4_0's and gguf's Q4_K gate/up rows of 1152 bytes, nvfp4's of 1024) are read one at a time and
+// fp8_block's 2-row VDPBF16PS kernels (rows of 2 KiB) keep theirs. On Zen 5 the int8 formats' 2-row
+// kernels of several vectors read those rows slower than one at a time (2 threads, batch 8 sharing
+// its experts: q4_0 x0.904, nvfp4 x0.886) and fp8_block's were x1.67 (twenty-seventh session); on a
+// 2-core Zen 4 the 4-row one-vector kernels ran q4_0's step in cache at 1206 us against 858 one row at
+// a time, gguf's 1738 against 1159 and nvfp4's 1527 against 970, and from DRAM (2 threads) 1106 / 1459
+// / 1091 against 759 / 728 / 760 (twenty-ninth session). A knob for measuring it on a machine.
 static int parse_multirow_bytes() {
-  return env_bytes("FT_CPU_MOE_MULTIROW_BYTES",
-                   cpu_is_intel()                ? 0
-                   : cpu_is_amd_zen5_or_later() ? 2 * kMultirowMinBytes
-                                                : kMultirowMinBytes,
+  return env_bytes("FT_CPU_MOE_MULTIROW_BYTES", cpu_is_intel() ? 0 : 2 * kMultirowMinBytes,
                    "the least row bytes for rows side by side");
 }
 

@@ -115,7 +115,7 @@ class MoeExecutor:
     multirow_min_bytes = property(
         lambda self: self._native.multirow_min_bytes,
         doc="least row bytes for which int8 kernels read several rows side by side "
-        "($FT_CPU_MOE_MULTIROW_BYTES, else 1024 on AMD and 0 on Intel)",
+        "($FT_CPU_MOE_MULTIROW_BYTES, else 2048 on AMD and 0 on Intel)",
     )
     gate_up_slice_bytes = property(
         lambda self: self._native.gate_up_slice_bytes,
