@@ -99,8 +99,9 @@ inline bool multirow(size_t row_bytes) { return row_bytes >= static_cast<size_t>
 // call's gate rows, then all its up rows. On a 2-core Zen 5 one core read two interleaved streams of
 // rows faster than one from DRAM, in turns of up to 4 KiB (turns of 8 KiB and more: as one stream), and
 // only when they lay far enough apart (docs/benchmarks.md, twenty-seventh session). gguf's Q4_0 and
-// K-quant gate/up rows (so q4_0's) take turns at their finest wherever this is above 0: gate row r and up
-// row r side by side in one call (TypeInfo::q8_gate_up, twenty-eighth session). The executor sets it
+// K-quant gate/up rows (so q4_0's) take turns at their finest wherever this is above 0, and wherever
+// their rows are too short for multirow: gate row r and up row r side by side in one call
+// (TypeInfo::q8_gate_up, twenty-eighth and twenty-ninth sessions). The executor sets it
 // for every unit it runs; outside the executor it is 0.
 inline FT_KERNEL_TLS int t_gate_up_slice_bytes = 0;
 
