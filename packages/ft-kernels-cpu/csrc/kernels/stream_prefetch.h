@@ -47,10 +47,20 @@ namespace ft {
 // (_MM_HINT_T1; the FP4 formats, see fp4_kernels.cpp). Off x86 both are __builtin_prefetch's default.
 enum class PrefetchHint { L1, L2 };
 
+// Every helper that issues a prefetch is always inlined into its kernel. GCC counts a prefetch as no
+// side effect, so a helper left out of line whose only effect is a prefetch (ahead_by, say) was found
+// "pure" by its pure-const analysis and every call of it deleted as dead code: from the twentieth
+// session (the stateless StreamPrefetch) to the twenty-ninth, the row kernels of the ggml types,
+// q4_0, nvfp4, fp8_block and others issued no prefetch in their loops at all, only the bursts of the
+// constructor (GCC 12 at -O2/-O3; docs/benchmarks.md, twenty-ninth session).
+// tests/ft_kernels_cpu/test_stream_prefetch.py compiles a call of each helper out of line and checks
+// that the prefetch instructions are there.
+#define FT_PREFETCH_INLINE inline __attribute__((always_inline))
+
 // FT_PREFETCH_TRACE(address, into_l2), when defined before this header, sees every request (the
 // tests' check of the request pattern: tests/ft_kernels_cpu/test_stream_prefetch.py).
 template <PrefetchHint Hint = PrefetchHint::L1>
-inline void prefetch_line(const char* q) {
+FT_PREFETCH_INLINE void prefetch_line(const char* q) {
 #ifdef FT_PREFETCH_TRACE
   FT_PREFETCH_TRACE(q, Hint == PrefetchHint::L2);
 #endif
@@ -221,13 +231,13 @@ struct StreamPrefetch {
   // (and, two-level, the line `near` ahead into L1). H: the cache of the far line, the stream's own by
   // default (a kernel may override it); two-level, the far line always goes to L2.
   template <PrefetchHint H = Hint>
-  void ahead(const void* p) const {
+  FT_PREFETCH_INLINE void ahead(const void* p) const {
     ahead_by<H>(p, dist);
   }
   // The same with the far line `lead` bytes ahead in place of dist (lead >= dist): for kernels that
   // read several rows side by side, whose own rows would otherwise lie within dist of each other.
   template <PrefetchHint H = Hint>
-  void ahead_by(const void* p, size_t lead) const {
+  FT_PREFETCH_INLINE void ahead_by(const void* p, size_t lead) const {
     const char* q = static_cast<const char*>(p) + lead;
     if (q < end) {
       far_line<H>(q);
@@ -245,12 +255,12 @@ struct StreamPrefetch {
   // blocks read back to back, every line of the stream is requested (some twice; a last partial
   // line may not be), the same number of requests a block: no branch on how the lines fall.
   template <int N>
-  void ahead_block(const void* p) const {
+  FT_PREFETCH_INLINE void ahead_block(const void* p) const {
     const char* q = static_cast<const char*>(p);
     for (int o = 0; o < N; o += 64) ahead(q + o);
   }
   // Every line of [p, p + n) moved `dist` ahead.
-  void ahead_range(const void* p, size_t n) const {
+  FT_PREFETCH_INLINE void ahead_range(const void* p, size_t n) const {
     if (!dist) return;
     const char* q = static_cast<const char*>(p);
     for (size_t o = 0; o < n; o += 64) ahead(q + o);
@@ -258,7 +268,7 @@ struct StreamPrefetch {
 
  private:
   template <PrefetchHint H>
-  void far_line(const char* q) const {
+  FT_PREFETCH_INLINE void far_line(const char* q) const {
     if (near) {
       prefetch_line<PrefetchHint::L2>(q);
     } else {
