@@ -126,8 +126,8 @@ BAD_VALUES = (
         for v in ["abc", "16", "16,", "1,2,3", "-1,4", "4,257", "300,0"]
     ]
     + [
-        ("FT_CPU_MOE_MULTIROW_BYTES", v, "must be an integer number of bytes")
-        for v in ["abc", "-1", "1048577", "1k", "12.5"]
+        ("FT_CPU_MOE_MULTIROW_BYTES", v, r"must be 'ONE' or 'ONE,SEVERAL', integer numbers of bytes")
+        for v in ["abc", "-1", "1048577", "1k", "12.5", "1,", ",1", "1,2,3", "1,-2", "1,1048577"]
     ]
     + [
         ("FT_CPU_MOE_GATE_UP_SLICE", v, r"must be an integer number of bytes in \[0, 1048576\] \(gate and up")
@@ -308,7 +308,7 @@ def test_rows_side_by_side_never_change_results(fmt: str, monkeypatch: pytest.Mo
     if fmt == "ds_fp4" and "avx512_bf16" in fk.isa_tiers():
         monkeypatch.setenv("FT_CPU_MOE_DSFP4_KERNELS", "bf16")
     want = run_format(fmt, threads=1)
-    for value in ("0", "1048576"):
+    for value in ("0", "1048576", "0,1048576", "1048576,0"):
         monkeypatch.setenv("FT_CPU_MOE_MULTIROW_BYTES", value)
         np.testing.assert_array_equal(
             run_format(fmt, threads=2), want, err_msg=f"{fmt}, multirow bytes {value}"
@@ -316,12 +316,16 @@ def test_rows_side_by_side_never_change_results(fmt: str, monkeypatch: pytest.Mo
 
 
 def test_multirow_default_and_variable(monkeypatch: pytest.MonkeyPatch) -> None:
-    # 0 on Intel, 2048 on AMD, unless the variable is set.
+    # One vector: 0 on Intel, 2048 on AMD; several: 0 on Intel, 2048 on AMD's Zen 5 and later, 1024 on
+    # older AMD; unless the variable is set ("ONE" for both, or "ONE,SEVERAL").
     monkeypatch.delenv("FT_CPU_MOE_MULTIROW_BYTES", raising=False)
-    expected = 0 if cpu_is_intel() else 2048
-    assert fk.MoeExecutor(64, 2, max_tokens=1).multirow_min_bytes == expected
-    monkeypatch.setenv("FT_CPU_MOE_MULTIROW_BYTES", "0")
-    assert fk.MoeExecutor(64, 2, max_tokens=1).multirow_min_bytes == 0
+    ex = fk.MoeExecutor(64, 2, max_tokens=1)
+    several = 0 if cpu_is_intel() else 2048 if cpu_is_zen5_or_later() else 1024
+    assert (ex.multirow_min_bytes, ex.multirow_several_min_bytes) == (0 if cpu_is_intel() else 2048, several)
+    for value, want in (("0", (0, 0)), ("300", (300, 300)), ("4096,512", (4096, 512))):
+        monkeypatch.setenv("FT_CPU_MOE_MULTIROW_BYTES", value)
+        ex = fk.MoeExecutor(64, 2, max_tokens=1)
+        assert (ex.multirow_min_bytes, ex.multirow_several_min_bytes) == want, value
 
 
 @pytest.mark.parametrize("fmt", fk.weight_formats())

@@ -65,6 +65,7 @@ struct MoeJob final : PoolJob {
 
   int prefetch_near = 0;  // MoeExecutor::prefetch_l1_bytes, for this run's kernels (stream_prefetch.h)
   int multirow_min_bytes = kMultirowMinBytes;  // MoeExecutor::multirow_min_bytes (stream_prefetch.h's multirow)
+  int multirow_several_min_bytes = kMultirowMinBytes;  // MoeExecutor::multirow_several_min_bytes
   int gate_up_slice_bytes = 0;  // MoeExecutor::gate_up_slice_bytes (stream_prefetch.h's gate_up_slices)
   bool chain = false;     // chain each worker's weight streams across its units (MoeExecutor::chain_streams)
   struct alignas(64) Links {
@@ -75,6 +76,7 @@ struct MoeJob final : PoolJob {
   void run_unit(uint32_t u, uint32_t next, bool claimed_ahead, int worker) override {
     t_prefetch_near = prefetch_near;
     t_multirow_min_bytes = multirow_min_bytes;
+    t_multirow_several_min_bytes = multirow_several_min_bytes;
     t_gate_up_slice_bytes = gate_up_slice_bytes;
     if (chain) {
       // This unit's weight streams, then the next one's: each stream's prefetch runs on into the next
@@ -342,21 +344,47 @@ static int env_bytes(const char* name, int fallback, const char* meaning) {
   return static_cast<int>(v);
 }
 
-// $FT_CPU_MOE_MULTIROW_BYTES: the least row bytes for which int8 kernels read several rows side by side
-// (stream_prefetch.h's multirow), an integer in [0, 1048576] (0: always; above any row: never), else
-// the vendor's default: 0 (always) on Intel, where the GPU machine's Xeon took batch 8 sharing its
-// experts from 452 to 682 us a step (q4_0) and 462 to 826 (nvfp4) with the 2-row kernels gated at 1024
-// bytes (16 threads; docs/benchmarks.md, twenty-second session); 2048 on AMD, so that rows of 1-2 KiB
-// (q4_0's and gguf's Q4_K gate/up rows of 1152 bytes, nvfp4's of 1024) are read one at a time and
-// fp8_block's 2-row VDPBF16PS kernels (rows of 2 KiB) keep theirs. On Zen 5 the int8 formats' 2-row
-// kernels of several vectors read those rows slower than one at a time (2 threads, batch 8 sharing
-// its experts: q4_0 x0.904, nvfp4 x0.886) and fp8_block's were x1.67 (twenty-seventh session); on a
-// 2-core Zen 4 the 4-row one-vector kernels ran q4_0's step in cache at 1206 us against 858 one row at
-// a time, gguf's 1738 against 1159 and nvfp4's 1527 against 970, and from DRAM (2 threads) 1106 / 1459
-// / 1091 against 759 / 728 / 760 (twenty-ninth session). A knob for measuring it on a machine.
-static int parse_multirow_bytes() {
-  return env_bytes("FT_CPU_MOE_MULTIROW_BYTES", cpu_is_intel() ? 0 : 2 * kMultirowMinBytes,
-                   "the least row bytes for rows side by side");
+// $FT_CPU_MOE_MULTIROW_BYTES="ONE[,SEVERAL]": the least row bytes for which int8 kernels read several
+// rows side by side (stream_prefetch.h's multirow) in calls of one vector (4 rows) and in calls of
+// several (2 rows; SEVERAL defaults to ONE), integers in [0, 1048576] (0: always; above any row:
+// never), else the vendor's defaults:
+// - Intel: 0 and 0 (always). The GPU machine's Xeon took batch 8 sharing its experts from 452 to 682
+//   us a step (q4_0) and 462 to 826 (nvfp4) with the 2-row kernels gated at 1024 bytes (16 threads;
+//   docs/benchmarks.md, twenty-second session).
+// - AMD: 2048 for one vector, so that rows of 1-2 KiB (q4_0's and gguf's Q4_K gate/up rows of 1152
+//   bytes, nvfp4's of 1024) go one at a time and fp8_block's rows of 2 KiB keep their 2-row kernels.
+//   On a 2-core Zen 4 the 4-row one-vector kernels ran q4_0's step in cache at 1206 us against 858 one
+//   row at a time, gguf's 1738 against 1159 and nvfp4's 1527 against 970, and from DRAM (2 threads)
+//   1106 / 1459 / 1091 against 759 / 728 / 760 (twenty-ninth session).
+// - AMD's Zen 5 and later: 2048 for several vectors too; the int8 formats' 2-row kernels of several
+//   vectors read rows of 1-2 KiB slower than one at a time there (2 threads, batch 8 sharing its
+//   experts: q4_0 x0.904, nvfp4 x0.886; fp8_block's rows of 2 KiB x1.67 with theirs; twenty-seventh
+//   session, without software prefetch, Zen 5's default).
+// - Older AMD: 1024 for several vectors. On the 2-core Zen 4, with the kernels' software prefetch
+//   working (twenty-ninth session), q4_0's 2-row kernels of 8 vectors took a step sharing its experts
+//   from 2211 to 1759 us (they load each vector's x once for two rows; the one-row kernel is bound by
+//   those loads), nvfp4 1766 against 1807, gguf (Q4_K) unchanged.
+// A knob for measuring it on a machine.
+static void parse_multirow_bytes(int* one, int* several) {
+  const bool zen5 = cpu_is_amd_zen5_or_later();
+  *one = cpu_is_intel() ? 0 : 2 * kMultirowMinBytes;
+  *several = cpu_is_intel() ? 0 : zen5 ? 2 * kMultirowMinBytes : kMultirowMinBytes;
+  const char* env = std::getenv("FT_CPU_MOE_MULTIROW_BYTES");
+  if (env == nullptr || *env == '\0') return;
+  const std::string bad = std::string("FT_CPU_MOE_MULTIROW_BYTES='") + env +
+                          "' must be 'ONE' or 'ONE,SEVERAL', integer numbers of bytes in [0, 1048576] (the least row "
+                          "bytes for rows side by side in calls of one vector and of several)";
+  char* end = nullptr;
+  const long a = std::strtol(env, &end, 10);
+  if (end == env || (*end != '\0' && *end != ',') || a < 0 || a > (1 << 20)) throw Error(bad);
+  long b = a;
+  if (*end == ',') {
+    const char* second = end + 1;
+    b = std::strtol(second, &end, 10);
+    if (end == second || *end != '\0' || b < 0 || b > (1 << 20)) throw Error(bad);
+  }
+  *one = static_cast<int>(a);
+  *several = static_cast<int>(b);
 }
 
 // $FT_CPU_MOE_GATE_UP_SLICE: the bytes of gate rows, then of up rows, that one-vector pass-1 calls read
@@ -443,7 +471,7 @@ MoeExecutor::MoeExecutor(int hidden, int top_k, int max_tokens, int num_threads,
   prefetch_l1_explicit_ = env_set("FT_CPU_MOE_PREFETCH_L1");
   parse_unit_rows(&unit_rows1_, &unit_rows2_);
   chain_streams_ = parse_chain();
-  multirow_min_bytes_ = parse_multirow_bytes();
+  parse_multirow_bytes(&multirow_min_bytes_, &multirow_several_min_bytes_);
   gate_up_slice_bytes_ = parse_gate_up_slice_bytes();
   job_->links = std::make_unique<MoeJob::Links[]>(pool_.num_threads());
   if (hidden <= 0) throw Error("hidden must be > 0, got " + std::to_string(hidden));
@@ -623,6 +651,7 @@ void MoeExecutor::run_locked(const ft_moe_task& task) {
   job.rows1 = L.rows1;
   job.prefetch_near = L.prefetch_l1;
   job.multirow_min_bytes = multirow_min_bytes_;
+  job.multirow_several_min_bytes = multirow_several_min_bytes_;
   job.gate_up_slice_bytes = gate_up_slice_bytes_;
   job.chain = chain_streams_ && L.prefetch[0] > 0;
   job.prep_rows = L.prep_rows;

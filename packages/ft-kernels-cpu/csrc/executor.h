@@ -65,9 +65,11 @@ class MoeExecutor {
   // software prefetch in any call 0 (layer_prefetch_l1_bytes).
   int prefetch_l1_bytes() const { return prefetch_l1_; }
   int layer_prefetch_l1_bytes(int layer) const;
-  // The least row bytes for which int8 kernels read several rows side by side
-  // ($FT_CPU_MOE_MULTIROW_BYTES, else stream_prefetch.h's kMultirowMinBytes).
+  // The least row bytes for which int8 kernels read several rows side by side in calls of one vector
+  // ($FT_CPU_MOE_MULTIROW_BYTES's first value, else the vendor's default: executor.cpp).
   int multirow_min_bytes() const { return multirow_min_bytes_; }
+  // The same for calls of several vectors (the 2-row kernels).
+  int multirow_several_min_bytes() const { return multirow_several_min_bytes_; }
   int gate_up_slice_bytes() const { return gate_up_slice_bytes_; }
   std::vector<int> layers() const;
   std::string layer_format(int layer) const;
@@ -100,6 +102,7 @@ class MoeExecutor {
   int unit_rows1_ = 0, unit_rows2_ = 0;  // $FT_CPU_MOE_UNIT_ROWS overrides (0: the format's)
   bool chain_streams_ = true;            // $FT_CPU_MOE_CHAIN (stream_prefetch.h's StreamChain)
   int multirow_min_bytes_ = 0;           // $FT_CPU_MOE_MULTIROW_BYTES (stream_prefetch.h's multirow)
+  int multirow_several_min_bytes_ = 0;   // its second value (calls of several vectors)
   int gate_up_slice_bytes_ = 0;          // $FT_CPU_MOE_GATE_UP_SLICE (stream_prefetch.h's gate_up_slices)
   WorkerPool pool_;
   std::map<int, Layer> layers_;

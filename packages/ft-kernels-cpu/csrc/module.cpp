@@ -199,6 +199,7 @@ PYBIND11_MODULE(_ft_kernels_cpu, m) {
       .def_property_readonly("prefetch_bytes", &MoeExecutor::prefetch_bytes)
       .def_property_readonly("prefetch_l1_bytes", &MoeExecutor::prefetch_l1_bytes)
       .def_property_readonly("multirow_min_bytes", &MoeExecutor::multirow_min_bytes)
+      .def_property_readonly("multirow_several_min_bytes", &MoeExecutor::multirow_several_min_bytes)
       .def_property_readonly("gate_up_slice_bytes", &MoeExecutor::gate_up_slice_bytes)
       .def("layer_prefetch_bytes", &MoeExecutor::layer_prefetch_bytes, py::arg("layer"), py::arg("vectors") = 1)
       .def("layer_prefetch_l1_bytes", &MoeExecutor::layer_prefetch_l1_bytes, py::arg("layer"))

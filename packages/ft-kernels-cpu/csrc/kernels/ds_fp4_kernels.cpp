@@ -581,7 +581,7 @@ void dot_rows_with(const uint8_t* W, const uint8_t* S, int nrows, const void* co
   // rows: 2160 against 1789 one row at a time) and of 1440 (gpt-oss-120b: 6878 against 5958), and
   // tied from cache (248 against 248, one core, one expert); fp8_block's pairs, which share the same
   // step, gained on its rows of 2048 (docs/benchmarks.md, twenty-fourth session).
-  const bool pairs = multirow(static_cast<size_t>(K) / 4);
+  const bool pairs = multirow(static_cast<size_t>(K) / 4, n);
   dispatch_n(n, [&](auto nv) {
     if constexpr (std::is_same_v<Step, Int8Step>) {
       rows_i8<decltype(nv)::value>(W, S, nrows, xs, K, out, os, pw, ps);

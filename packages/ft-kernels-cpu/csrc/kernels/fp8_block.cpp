@@ -633,7 +633,7 @@ void fp8_rows(Isa isa, const uint8_t* W, int r0, int nrows, const float* S, int 
     // (2 threads, batch 8 shared, us a step) pairs of qwen3-30b-a3b's down rows (768 bytes) lost: 2249
     // with every row paired against 1815 with only the gate/up rows of 2048 bytes (docs/benchmarks.md,
     // twenty-fourth session).
-    const bool pairs = multirow(ld);
+    const bool pairs = multirow(ld, n);
     for (int r = 0; r < nrows; ++r) {
       const float* s = S + static_cast<size_t>((r0 + r) / B) * nbK;
       const uint8_t* w = W + r * ld;

@@ -841,7 +841,7 @@ void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, f
   const __m512i ic0 = Q4_0::idx_codes0(), ic1 = Q4_0::idx_codes1(), isc = Q4_0::idx_scales();
   const StreamPrefetch<> pf(W, rows_stream_bytes(ld, nrows, static_cast<size_t>(nb) * Q4_0::bytes), prefetch);
   int r = 0;
-  const int side_rows = multirow(static_cast<size_t>(nb) * Q4_0::bytes) ? nrows : 0;  // rows side by side
+  const int side_rows = multirow(static_cast<size_t>(nb) * Q4_0::bytes, NV) ? nrows : 0;  // rows side by side
   if constexpr (NV == 1) {
     // 4 rows at a time (their 4 streams advance together), summed by one transposed reduction
     for (; r + 4 <= side_rows; r += 4) {
@@ -972,7 +972,7 @@ void rows32(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, floa
   int r = 0;
   if constexpr (NV == 1) {
     // 4 rows at a time where the rows are long enough (stream_prefetch.h's multirow), as rows256
-    const int side_rows = multirow(static_cast<size_t>(nb) * T::bytes) ? nrows : 0;
+    const int side_rows = multirow(static_cast<size_t>(nb) * T::bytes, 1) ? nrows : 0;
     for (; r + 4 <= side_rows; r += 4) {
       const uint8_t* w = W + r * ld;
       __m512 acc[4];
@@ -1165,7 +1165,7 @@ void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, flo
     // 4 rows at a time where the rows are long enough (stream_prefetch.h's multirow; their 4 streams
     // advance together; x's loads are shared once inlined), summed by one transposed reduction; each
     // row's arithmetic is exactly the single-row loop's below
-    const int side_rows = multirow(static_cast<size_t>(nb) * T::bytes) ? nrows : 0;
+    const int side_rows = multirow(static_cast<size_t>(nb) * T::bytes, 1) ? nrows : 0;
     for (; r + 4 <= side_rows; r += 4) {
       const uint8_t* w = W + r * ld;
       __m512 acc[4];
@@ -1520,7 +1520,7 @@ void GgmlMoeFormat::gate_up_tokens(const TaskInput& in, int e, const int* tokens
   // took 947 us against 1076 (gate rows, then up rows, one at a time) and gguf's 1055 against 1136
   // (docs/benchmarks.md, twenty-ninth session).
   if (n == 1 && gu_q8_ && !avx2_q8_ && gate_.type->q8_gate_up &&
-      (t_gate_up_slice_bytes > 0 || !multirow(gate_.row_bytes))) {
+      (t_gate_up_slice_bytes > 0 || !multirow(gate_.row_bytes, 1))) {
     const uint8_t* wg = gate_.data + e * gate_.expert_stride + i0 * gate_.row_bytes;
     const uint8_t* wu = up_.data + e * up_.expert_stride + i0 * up_.row_bytes;
     gate_.type->q8_gate_up(wg, wu, gate_.row_bytes, rows, qs[0], H, gate, up, p_.prefetch);

@@ -476,14 +476,14 @@ void nvfp4_rows(Isa isa, const uint8_t* W, const uint8_t* SC, const float* G, in
   if (isa != Isa::scalar) {
     const Prefetch pf(W, nrows * ldw, prefetch);
     int r = 0;
-    if (isa == Isa::avx512_bf16 && n == 1 && K % 256 == 0 && multirow(static_cast<size_t>(K) / 2)) {
+    if (isa == Isa::avx512_bf16 && n == 1 && K % 256 == 0 && multirow(static_cast<size_t>(K) / 2, 1)) {
       const uint8_t* xq = static_cast<const uint8_t*>(xs[0]);
       for (; r + 4 <= nrows; r += 4) {
         nvfp4_rows4_vnni(W + r * ldw, SC + r * lds, ldw, lds, xq, K, out + r, pf);
         for (int i = 0; i < 4; ++i) out[r + i] *= G[r + i];
       }
     }
-    if (isa == Isa::avx512_bf16 && n >= 2 && K % 256 == 0 && multirow(static_cast<size_t>(K) / 2)) {
+    if (isa == Isa::avx512_bf16 && n >= 2 && K % 256 == 0 && multirow(static_cast<size_t>(K) / 2, n)) {
       const uint8_t* const* xq = reinterpret_cast<const uint8_t* const*>(xs);
       for (; r + 2 <= nrows; r += 2) {
         dispatch_n(n, [&](auto nv) {

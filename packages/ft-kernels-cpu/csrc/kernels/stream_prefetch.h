@@ -98,9 +98,13 @@ inline int near_distance(int dist) { return t_prefetch_near > 0 && dist > t_pref
 // against 421), while rows of 1152 bytes gained (q4_0's gate/up rows, one vector: 428 against 464 us;
 // docs/benchmarks.md, twenty-second session). The executor sets it for every unit it runs
 // (MoeExecutor::multirow_min_bytes, $FT_CPU_MOE_MULTIROW_BYTES); outside the executor the default holds.
+// Calls of one vector and calls of several have a bound each (the 4-row and the 2-row kernels).
 constexpr int kMultirowMinBytes = 1024;
-inline FT_KERNEL_TLS int t_multirow_min_bytes = kMultirowMinBytes;
-inline bool multirow(size_t row_bytes) { return row_bytes >= static_cast<size_t>(t_multirow_min_bytes); }
+inline FT_KERNEL_TLS int t_multirow_min_bytes = kMultirowMinBytes;          // calls of one vector
+inline FT_KERNEL_TLS int t_multirow_several_min_bytes = kMultirowMinBytes;  // calls of several
+inline bool multirow(size_t row_bytes, int vectors) {
+  return row_bytes >= static_cast<size_t>(vectors > 1 ? t_multirow_several_min_bytes : t_multirow_min_bytes);
+}
 
 // Gate and up rows in slices (MoeExecutor::gate_up_slice_bytes, $FT_CPU_MOE_GATE_UP_SLICE). The pass-1
 // calls of one vector of the formats that keep gate and up rows apart (bf16, fp8_block, nvfp4, ds_fp4,

@@ -114,8 +114,13 @@ class MoeExecutor:
     )
     multirow_min_bytes = property(
         lambda self: self._native.multirow_min_bytes,
-        doc="least row bytes for which int8 kernels read several rows side by side "
-        "($FT_CPU_MOE_MULTIROW_BYTES, else 2048 on AMD and 0 on Intel)",
+        doc="least row bytes for which int8 kernels read several rows side by side in calls of one "
+        "vector ($FT_CPU_MOE_MULTIROW_BYTES's first value, else 2048 on AMD and 0 on Intel)",
+    )
+    multirow_several_min_bytes = property(
+        lambda self: self._native.multirow_several_min_bytes,
+        doc="the same for calls of several vectors ($FT_CPU_MOE_MULTIROW_BYTES's second value, else its "
+        "first; default 0 on Intel, 2048 on AMD's Zen 5 and later, 1024 on older AMD)",
     )
     gate_up_slice_bytes = property(
         lambda self: self._native.gate_up_slice_bytes,
