@@ -49,8 +49,8 @@ enum class PrefetchHint { L1, L2 };
 
 // Every helper that issues a prefetch is always inlined into its kernel. GCC counts a prefetch as no
 // side effect, so a helper left out of line whose only effect is a prefetch (ahead_by, say) was found
-// "pure" by its pure-const analysis and every call of it deleted as dead code: from the twentieth
-// session (the stateless StreamPrefetch) to the twenty-ninth, the row kernels of the ggml types,
+// "pure" by its pure-const analysis and every call of it deleted as dead code: until the twenty-ninth
+// session (probably from the twentieth's stateless StreamPrefetch) the row kernels of the ggml types,
 // q4_0, nvfp4, fp8_block and others issued no prefetch in their loops at all, only the bursts of the
 // constructor (GCC 12 at -O2/-O3; docs/benchmarks.md, twenty-ninth session).
 // tests/ft_kernels_cpu/test_stream_prefetch.py compiles a call of each helper out of line and checks
