@@ -363,7 +363,8 @@ static int env_bytes(const char* name, int fallback, const char* meaning) {
 // - Older AMD: 1024 for several vectors. On the 2-core Zen 4, with the kernels' software prefetch
 //   working (twenty-ninth session), q4_0's 2-row kernels of 8 vectors took a step sharing its experts
 //   from 2211 to 1759 us (they load each vector's x once for two rows; the one-row kernel is bound by
-//   those loads), nvfp4 1766 against 1807, gguf (Q4_K) unchanged.
+//   those loads); nvfp4 within its noise (1807 against 1766 in one A/B, 1774 against 1863 in
+//   another); gguf's Q4_K rows have no 2-row kernel of several vectors.
 // A knob for measuring it on a machine.
 static void parse_multirow_bytes(int* one, int* several) {
   const bool zen5 = cpu_is_amd_zen5_or_later();
