@@ -301,9 +301,11 @@ def test_bench_json_names_the_kernels(
 def test_rows_side_by_side_never_change_results(fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # Int8 kernels read 4 rows (one vector) or 2 (several: T = 5 with duplicate experts) side by side,
     # the VDPBF16PS kernels of fp8_block and ds_fp4 (AMD's choice) 2 rows from 3 vectors on, from
-    # FT_CPU_MOE_MULTIROW_BYTES bytes a row on (this shape's rows are shorter than the default 1024):
-    # 0 (always) and 1048576 (never) must give the default's bits. ds_fp4 by its VDPBF16PS kernels
-    # (its default, q8, reads one row at a time).
+    # FT_CPU_MOE_MULTIROW_BYTES bytes a row on (ONE for one vector, SEVERAL for several; this shape's
+    # rows are shorter than any default above 0, and on AMD one-vector gate/up rows of Q4_0 and the
+    # K-quants then go side by side as gate row and up row): 0 (always), 1048576 (never) and the two
+    # mixed must give the default's bits. ds_fp4 by its VDPBF16PS kernels (its default, q8, reads one
+    # row at a time).
     monkeypatch.delenv("FT_CPU_MOE_MULTIROW_BYTES", raising=False)
     if fmt == "ds_fp4" and "avx512_bf16" in fk.isa_tiers():
         monkeypatch.setenv("FT_CPU_MOE_DSFP4_KERNELS", "bf16")
