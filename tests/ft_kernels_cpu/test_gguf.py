@@ -239,6 +239,49 @@ def test_int8_paths_match_an_int8_emulation(isa: str, gu: Q, dn: Q, T: int) -> N
     check(ex.run(0, x, ids, w), ref, scale, f"{gu.name}/{dn.name} T={T}", 1.01 * flip)
 
 
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K])
+@pytest.mark.parametrize("T", [1, 8])
+def test_kquant_largest_codes_and_scales_stay_exact(isa: str, qtype: Q, T: int) -> None:
+    if isa not in TIERS:
+        pytest.skip(f"no {isa} tier on this CPU")
+    # The K-quant kernels pack two VPDPBUSD results (4 products of a code and an int8 x each) into
+    # int16 words before the sub-block scales multiply them: exact only while |4 * code * x| <= 32767.
+    # The largest codes (Q4_K 15, Q5_K 31, Q6_K 63) against x = +-127 everywhere (constant inputs
+    # quantize to 127 exactly) reach 7620 / 15748 / 32004; a saturating or truncating pack, or a
+    # scale on the wrong words, shows far above the int8 emulation's tolerance. Scales at their
+    # largest too (6-bit 63, int8 127 and -128), dmin 0 (the min terms are checked elsewhere), all
+    # rows alike so that h is constant as well and the down projection meets the same extremes.
+    H, I, E = 512, 256, 1
+    size = GGML_QUANT_SIZES[qtype][1]
+    for sign in (1.0, -1.0):
+        banks = {}
+        for name, K, rows in (("gate", H, I), ("up", H, I), ("down", I, H)):
+            b = np.full((E * rows * K // 256, size), 0xFF, np.uint8)
+            if qtype == Q.Q6_K:  # scales 127 in the first 8 sub-blocks, -128 in the rest; d
+                b[:, 192:200], b[:, 200:208] = 127, 0x80
+                b[:, 208:210] = np.array([2.0**-14], np.float16).view(np.uint8)
+            else:  # d, dmin = 0; scales, mins and codes all ones
+                b[:, 0:2] = np.array([2.0**-12], np.float16).view(np.uint8)
+                b[:, 2:4] = 0
+            banks[name] = b.reshape(E, rows, -1)
+        wref = {
+            f"w_{name}": dequantize(banks[name].reshape(E * rows, -1), qtype)
+            .reshape(E, rows, K)
+            .astype(np.float64)
+            for name, K, rows in (("gate", H, I), ("up", H, I), ("down", I, H))
+        }
+        options = {"gate_up_type": int(qtype), "down_type": int(qtype)}
+        ex = fk.MoeExecutor(hidden=H, top_k=1, max_tokens=8, num_threads=2, isa=isa)
+        ex.add_layer(0, "gguf", num_experts=E, intermediate=I, banks=banks, options=options)
+        x = np.full((T, H), sign * 0.25, BF16)
+        ids = np.zeros((T, 1), np.int32)
+        w = np.ones((T, 1), np.float32)
+        y = ex.run(0, x, ids, w)
+        ref, scale, flip = int8_emulated_reference(x, ids, w, wref, "silu", 256, 256)
+        assert np.abs(ref).min() > 0
+        check(y, ref, scale, f"{isa} {qtype.name} largest codes, x sign {sign:+.0f} T={T}", 1.01 * flip)
+
+
 def test_mxfp4_extreme_e8m0_scales(isa: str) -> None:
     # ggml's MXFP4 scale is e8m0_half(e) = 2^(e - 128), e = 0 and 1 the fp32 subnormals 2^-128 and
     # 2^-127 and e = 255 the finite 2^127, not NaN (gguf.quants.dequantize agrees). Gate rows hold

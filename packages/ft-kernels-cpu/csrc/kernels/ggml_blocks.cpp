@@ -1005,9 +1005,12 @@ void rows32(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, floa
 }
 
 // K-quants take x in groups of 256 (one dx per super-block, as ggml's Q8_K). Every VPDPBUSD lane
-// then fits in int16 (|lane| <= 4 * 63 * 127), so VPDPWSSD multiplies it by its sub-block's integer
-// scale (low word; the high word of the scale is 0) and sums into int32: the whole super-block stays
-// integer and is converted and scaled by d * dx once.
+// then fits in int16 (|lane| <= 4 * 63 * 127), so two results pack into words exactly (packed pairs,
+// below) and VPMADDWD / VPDPWSSD multiply them by their sub-blocks' integer scales and sum into int32:
+// the whole super-block stays integer and is converted and scaled by d * dx once. Against scaling
+// each result by itself (a VPMADDWD or VPDPWSSD per result) this takes 2 of Zen 4's 512-bit multiply
+// slots a super-block and vector off 8 (Q4_K; Q6_K 2 off 9): batch 8 took 7-10% less time
+// (docs/benchmarks.md, thirtieth session).
 
 // The 6-bit scales (bytes 0..7) and mins (bytes 8..15) of Q4_K/Q5_K super-blocks, one per 128-bit
 // lane of v, from the 16 bytes at p + 4 of each block (the 12 scale bytes s0..s11; the rest is the
@@ -1041,6 +1044,38 @@ inline void kquant_scales_x4(const uint8_t* p, size_t ld, __m512i* sc) {
   sc[3] = _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(v, 3));
 }
 
+// Packed pairs: the K-quant kernels multiply each VPDPBUSD result (16 int32 lanes, each fitting
+// int16) by its scales after packing two of them into one register of words (VPACKSSDW, exact), so
+// one VPMADDWD / VPDPWSSD scales two results: per 128-bit lane L the pack holds dwords 4L..4L+3 of
+// the first, then of the second, and word pair q (q < 4) of the lane comes from the first for q < 2.
+// The tables are VPERMW indices that put each pair's scale (as a word) on both its words.
+struct WordIndex {
+  alignas(64) int16_t w[32];
+};
+// Q4_K / Q5_K: scales as dwords (word 2s holds scale s); the first result's lanes 0..7 are
+// sub-block `base`, 8..15 `base + 2`, the second's `base + 1` and `base + 3`.
+constexpr WordIndex kquant_pair_index(int base) {
+  WordIndex t{};
+  for (int w = 0; w < 32; ++w) {
+    const int lane = w / 8, q = (w / 2) % 4;
+    t.w[w] = static_cast<int16_t>(2 * (base + (lane < 2 ? 0 : 2) + (q < 2 ? 0 : 1)));
+  }
+  return t;
+}
+// Q6_K: scales as words (scale s at word s); dword i of result g has scale 4g + i / 4, so in lane L
+// the first result's pairs take scale `base + L`, the second's `base + 4 + L`.
+constexpr WordIndex q6k_pair_index(int base) {
+  WordIndex t{};
+  for (int w = 0; w < 32; ++w) {
+    const int lane = w / 8, q = (w / 2) % 4;
+    t.w[w] = static_cast<int16_t>(base + (q < 2 ? 0 : 4) + lane);
+  }
+  return t;
+}
+constexpr WordIndex kKPair01 = kquant_pair_index(0), kKPair23 = kquant_pair_index(4);
+constexpr WordIndex kQ6Pair01 = q6k_pair_index(0), kQ6Pair23 = q6k_pair_index(8);
+inline __m512i ld_index(const WordIndex& t) { return _mm512_load_si512(t.w); }
+
 // Q4_K / Q5_K: codes 0..15 (0..31) per 32-element sub-block with 6-bit scale sc and min m: the min
 // terms dmin * m[s] multiply the fp32 sums of x, 8 lanes per super-block. x comes in the kQ8KQuant
 // layout (sub-blocks 0, 2, 1, 3, 4, 6, 5, 7 of each super-block): the low nibbles of 64 qs bytes are
@@ -1049,26 +1084,23 @@ template <bool kQ5>
 struct QK45 {
   static constexpr int elems = 256, bytes = kQ5 ? 176 : 144;
   static constexpr bool kScalesX4 = true;  // rows256's 4-row loop decodes the scales of 4 rows at once
-  template <int NV>
-  static inline void block(const uint8_t* p, const Q8Ref* xs, int K, int k, __m512* acc, __m256* off) {
-    block_sc<NV>(p, kquant_scales(p), xs, K, k, acc, off);
-  }
+  // One super-block of a row, decoded once for every vector that meets it.
+  struct Block {
+    __m512i codes[4];  // sub-blocks (0, 2), (1, 3), (4, 6), (5, 7)
+    __m512i s01, s23;  // the scales of the packed pairs
+    float d;
+  };
+  static inline Block decode(const uint8_t* p) { return decode_sc(p, kquant_scales(p)); }
   // sc: kquant_scales(p)
-  template <int NV>
-  static inline void block_sc(const uint8_t* p, __m512i sc, const Q8Ref* xs, int K, int k, __m512* acc,
-                              __m256* off) {
-    // d and dmin in one conversion
-    const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(load_u16(p) | uint32_t{load_u16(p + 2)} << 16)));
-    const float d = _mm_cvtss_f32(dd);
-    const __m256 M = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(sc, 1)),
-                                   _mm256_broadcastss_ps(_mm_movehdup_ps(dd)));
+  static inline Block decode_sc(const uint8_t* p, __m512i sc) {
+    Block w;
+    w.d = _cvtsh_ss(load_u16(p));
     const uint8_t* qs = p + (kQ5 ? 48 : 16);
     const __m512i m = _mm512_set1_epi8(15);
-    __m512i codes[4];  // sub-blocks (0, 2), (1, 3), (4, 6), (5, 7)
     for (int c = 0; c < 2; ++c) {
       const __m512i q = ld512(qs + 64 * c);
-      codes[2 * c] = _mm512_and_si512(q, m);
-      codes[2 * c + 1] = high_nibbles(q);
+      w.codes[2 * c] = _mm512_and_si512(q, m);
+      w.codes[2 * c + 1] = high_nibbles(q);
     }
     if (kQ5) {
       // bit s of qh[l] is bit 4 of element l of sub-block s
@@ -1077,77 +1109,122 @@ struct QK45 {
         const int s0 = 4 * (v / 2) + v % 2;  // the vector's sub-blocks s0 (bytes 0..31) and s0 + 2
         const __m512i bit = _mm512_mask_blend_epi64(0xf0, _mm512_set1_epi8(static_cast<char>(1 << s0)),
                                                     _mm512_set1_epi8(static_cast<char>(1 << (s0 + 2))));
-        codes[v] = _mm512_mask_add_epi8(codes[v], _mm512_test_epi8_mask(qh, bit), codes[v], _mm512_set1_epi8(16));
+        w.codes[v] =
+            _mm512_mask_add_epi8(w.codes[v], _mm512_test_epi8_mask(qh, bit), w.codes[v], _mm512_set1_epi8(16));
       }
     }
-    __m512i scw[4];
-    for (int v = 0; v < 4; ++v) {
-      const int s0 = 4 * (v / 2) + v % 2;
-      scw[v] = _mm512_permutexvar_epi32(
-          _mm512_mask_blend_epi32(0xff00, _mm512_set1_epi32(s0), _mm512_set1_epi32(s0 + 2)), sc);
-    }
-    for (int j = 0; j < NV; ++j) {
-      const uint8_t* x = xs[j].q + k;
-      // two chains (the VPDPWSSD latency)
-      __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[0], ld512(x));
-      __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[2], ld512(x + 128));
-      i0 = _mm512_madd_epi16(i0, scw[0]);
-      i1 = _mm512_madd_epi16(i1, scw[2]);
-      i0 = _mm512_dpwssd_epi32(i0, _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[1], ld512(x + 64)), scw[1]);
-      i1 = _mm512_dpwssd_epi32(i1, _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes[3], ld512(x + 192)), scw[3]);
-      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)),
-                               _mm512_set1_ps(d * load_f32(xs[j].q + K + k)), acc[j]);
-      off[j] = _mm256_fmadd_ps(M, _mm256_loadu_ps(reinterpret_cast<const float*>(xs[j].q + 2 * K + k / 8)), off[j]);
-    }
+    w.s01 = _mm512_permutexvar_epi16(ld_index(kKPair01), sc);
+    w.s23 = _mm512_permutexvar_epi16(ld_index(kKPair23), sc);
+    return w;
+  }
+  // The block against one vector x whose 4 lines of codes at k are xv.
+  static inline void dot(const Block& w, const __m512i* xv, const Q8Ref& x, int K, int k, __m512& acc) {
+    const __m512i z = _mm512_setzero_si512();
+    const __m512i p01 =
+        _mm512_packs_epi32(_mm512_dpbusd_epi32(z, w.codes[0], xv[0]), _mm512_dpbusd_epi32(z, w.codes[1], xv[1]));
+    const __m512i p23 =
+        _mm512_packs_epi32(_mm512_dpbusd_epi32(z, w.codes[2], xv[2]), _mm512_dpbusd_epi32(z, w.codes[3], xv[3]));
+    const __m512i i = _mm512_dpwssd_epi32(_mm512_madd_epi16(p01, w.s01), p23, w.s23);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(w.d * load_f32(x.q + K + k)), acc);
+  }
+  // The min terms dmin * m[s] of the super-block at p (its sub-block s in lane s).
+  static constexpr bool kMins = true;
+  static inline __m256 mins(const uint8_t* p) {
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(kquant_scales(p), 1)),
+                         _mm256_set1_ps(_cvtsh_ss(load_u16(p + 2))));
   }
 };
-// Q6_K: unsigned codes 0..63 against signed x (lanes <= 4 * 63 * 127 fit VPDPWSSD's int16), an int8
-// scale per 16 elements (4 lanes); the offset -32 is one more VPDPWSSD per block and vector: x's
-// int16 code sums per 16 elements (kQ8Q6K layout) times the block's scales * -32.
+// Q6_K: unsigned codes 0..63 against signed x (lanes <= 4 * 63 * 127 fit int16), an int8 scale per
+// 16 elements (4 lanes); the offset -32 is one more VPDPWSSD per block and vector: x's int16 code
+// sums per 16 elements (kQ8Q6K layout) times the block's scales * -32.
 struct Q6K {
   static constexpr int elems = 256, bytes = 210;
   static constexpr bool kScalesX4 = false;
-  template <int NV>
-  static inline void block(const uint8_t* p, const Q8Ref* xs, int K, int k, __m512* acc, __m256* /*off*/) {
+  struct Block {
+    __m512i cv[4];     // elements 64g..64g+63
+    __m512i s01, s23;  // the scales of the packed pairs
+    __m512i scm;       // the scales * -32
+    float d;
+  };
+  static inline Block decode(const uint8_t* p) {
+    Block w;
     const __m128i s8 = ld128(p + 192);
-    // int8 scales sign-extended, high words cleared (VPDPWSSD multiplies word pairs)
-    const __m512i sc = _mm512_and_si512(_mm512_cvtepi8_epi32(s8), _mm512_set1_epi32(0xffff));
-    const __m512i scm = _mm512_zextsi256_si512(_mm256_mullo_epi16(_mm256_cvtepi8_epi16(s8), _mm256_set1_epi16(-32)));
-    const float d = _cvtsh_ss(load_u16(p + 208));
+    const __m256i sc16 = _mm256_cvtepi8_epi16(s8);  // the int8 scales as words
+    const __m512i sc = _mm512_castsi256_si512(sc16);
+    w.scm = _mm512_zextsi256_si512(_mm256_mullo_epi16(sc16, _mm256_set1_epi16(-32)));
+    w.d = _cvtsh_ss(load_u16(p + 208));
     const __m512i shl = _mm512_set_epi64(0x0002000200020002, 0x0002000200020002, 0x0002000200020002,
                                          0x0002000200020002, 0x0004000400040004, 0x0004000400040004,
                                          0x0004000400040004, 0x0004000400040004);
     const __m512i shr = _mm512_set_epi64(0x0002000200020002, 0x0002000200020002, 0x0002000200020002,
                                          0x0002000200020002, 0, 0, 0, 0);
     const __m512i m0f = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
-    __m512i cv[4], scw[4];  // elements 64g..64g+63 use scales 4g..4g+3, 4 lanes each
     for (int h = 0; h < 2; ++h) {
       const __m512i ql = ld512(p + 64 * h);
       const __m512i hz = _mm512_broadcast_i64x4(ld256(p + 128 + 32 * h));
       // codes (a & b) | c: 0xEA
-      cv[2 * h] = _mm512_ternarylogic_epi32(ql, m0f, _mm512_and_si512(_mm512_sllv_epi16(hz, shl), m30), 0xEA);
-      cv[2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), m0f,
-                                                _mm512_and_si512(_mm512_srlv_epi16(hz, shr), m30), 0xEA);
+      w.cv[2 * h] = _mm512_ternarylogic_epi32(ql, m0f, _mm512_and_si512(_mm512_sllv_epi16(hz, shl), m30), 0xEA);
+      w.cv[2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), m0f,
+                                                  _mm512_and_si512(_mm512_srlv_epi16(hz, shr), m30), 0xEA);
     }
-    for (int g = 0; g < 4; ++g) {
-      const __m512i idx = _mm512_set_epi32(4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 3, 4 * g + 2, 4 * g + 2,
-                                           4 * g + 2, 4 * g + 2, 4 * g + 1, 4 * g + 1, 4 * g + 1, 4 * g + 1,
-                                           4 * g, 4 * g, 4 * g, 4 * g);
-      scw[g] = _mm512_permutexvar_epi32(idx, sc);
-    }
-    for (int j = 0; j < NV; ++j) {
-      const uint8_t* x = xs[j].q + k;
-      const __m512i z = _mm512_setzero_si512();
-      __m512i i0 = _mm512_madd_epi16(_mm512_dpbusd_epi32(z, cv[0], ld512(x)), scw[0]);
-      __m512i i1 = _mm512_madd_epi16(_mm512_dpbusd_epi32(z, cv[1], ld512(x + 64)), scw[1]);
-      i0 = _mm512_dpwssd_epi32(i0, _mm512_dpbusd_epi32(z, cv[2], ld512(x + 128)), scw[2]);
-      i1 = _mm512_dpwssd_epi32(i1, _mm512_dpbusd_epi32(z, cv[3], ld512(x + 192)), scw[3]);
-      i0 = _mm512_dpwssd_epi32(i0, _mm512_zextsi256_si512(ld256(xs[j].q + 2 * K + k / 8)), scm);
-      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)),
-                               _mm512_set1_ps(d * load_f32(xs[j].q + K + k)), acc[j]);
-    }
+    w.s01 = _mm512_permutexvar_epi16(ld_index(kQ6Pair01), sc);
+    w.s23 = _mm512_permutexvar_epi16(ld_index(kQ6Pair23), sc);
+    return w;
+  }
+  static inline void dot(const Block& w, const __m512i* xv, const Q8Ref& x, int K, int k, __m512& acc) {
+    const __m512i z = _mm512_setzero_si512();
+    const __m512i p01 = _mm512_packs_epi32(_mm512_dpbusd_epi32(z, w.cv[0], xv[0]), _mm512_dpbusd_epi32(z, w.cv[1], xv[1]));
+    const __m512i p23 = _mm512_packs_epi32(_mm512_dpbusd_epi32(z, w.cv[2], xv[2]), _mm512_dpbusd_epi32(z, w.cv[3], xv[3]));
+    __m512i i = _mm512_dpwssd_epi32(_mm512_madd_epi16(p01, w.s01), p23, w.s23);
+    i = _mm512_dpwssd_epi32(i, _mm512_zextsi256_si512(ld256(x.q + 2 * K + k / 8)), w.scm);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(w.d * load_f32(x.q + K + k)), acc);
+  }
+  static constexpr bool kMins = false;
+  static inline __m256 mins(const uint8_t*) { return _mm256_setzero_ps(); }
+};
+
+// x's 4 lines of codes for the super-block at k.
+struct XLines {
+  __m512i v[4];
+  XLines(const Q8Ref& x, int k) {
+    for (int c = 0; c < 4; ++c) v[c] = ld512(x.q + k + 64 * c);
+  }
+  // the same, held in registers: the compiler would otherwise fold each load into every row's
+  // VPDPBUSD as its memory operand, loading the line once per row
+  XLines(const Q8Ref& x, int k, int /*held*/) : XLines(x, k) {
+    for (int c = 0; c < 4; ++c) asm("" : "+v"(v[c]));
   }
 };
+// R rows' decoded blocks against NV vectors, x's lines loaded once for all R.
+template <class T, int R, int NV>
+inline void dot_rows(const typename T::Block* w, const Q8Ref* xs, int K, int k, __m512 (*acc)[NV]) {
+#pragma GCC unroll 8
+  for (int j = 0; j < NV; ++j) {
+    const XLines xl = R == 1 ? XLines(xs[j], k) : XLines(xs[j], k, 0);
+    for (int i = 0; i < R; ++i) T::dot(w[i], xl.v, xs[j], K, k, acc[i][j]);
+  }
+}
+// The min terms of R rows at w (ld apart, nb super-blocks) against NV vectors, super-block by
+// super-block into off (zeroed here; Q4_K / Q5_K: dmin m[s] times x's fp32 sums per sub-block). A
+// loop of its own after the products': the rows' bytes are in L1 again, and the products' loop keeps
+// no offsets in registers (with 2 rows of 8 vectors it had spilled every accumulator).
+template <class T, int R, int NV>
+inline void min_rows(const uint8_t* w, size_t ld, int nb, const Q8Ref* xs, int K, __m256 (*off)[NV]) {
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) {
+    for (int j = 0; j < NV; ++j) off[i][j] = _mm256_setzero_ps();
+  }
+  if constexpr (T::kMins) {
+    for (int b = 0; b < nb; ++b) {
+      for (int i = 0; i < R; ++i) {
+        const __m256 M = T::mins(w + i * ld + b * T::bytes);
+        for (int j = 0; j < NV; ++j) {
+          off[i][j] = _mm256_fmadd_ps(M, _mm256_loadu_ps(reinterpret_cast<const float*>(xs[j].q + 2 * K + 32 * b)), off[i][j]);
+        }
+      }
+    }
+  }
+}
 
 // A row's result in rows256's one-row loop (and gate_up256's): its products' sum less its offsets'
 // (the 4-row loop's transposed sums give the same bits).
@@ -1156,53 +1233,61 @@ inline float row256_sum(__m512 acc, __m256 off) {
   return rowred::hsum(acc) - _mm_cvtss_f32(_mm_hadd_ps(_mm_hadd_ps(o, o), _mm_hadd_ps(o, o)));
 }
 
+// 4 rows at w (ld apart) against one vector, side by side (their 4 streams advance together): x's
+// lines are loaded once for the 4 rows, and each row's arithmetic is exactly rows256's single-row
+// loop's; the 4 sums by one transposed reduction, to out[0..3].
+template <class T>
+void rows256_x4(const uint8_t* w, size_t ld, int nb, const Q8Ref& x, int K, float* out, const StreamPrefetch<>* pf) {
+  __m512 acc[4][1];
+  #pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) acc[i][0] = _mm512_setzero_ps();
+  for (int b = 0; b < nb; ++b) {
+    if (pf) pf->ahead_block<4 * T::bytes>(w + 4 * b * T::bytes);
+    typename T::Block blk[4];
+    if constexpr (T::kScalesX4) {
+      __m512i sc[4];
+      kquant_scales_x4(w + b * T::bytes, ld, sc);
+      for (int i = 0; i < 4; ++i) blk[i] = T::decode_sc(w + i * ld + b * T::bytes, sc[i]);
+    } else {
+      for (int i = 0; i < 4; ++i) blk[i] = T::decode(w + i * ld + b * T::bytes);
+    }
+    dot_rows<T, 4, 1>(blk, &x, K, 256 * b, acc);
+  }
+  __m256 off[4][1];
+  min_rows<T, 4, 1>(w, ld, nb, &x, K, off);
+  __m128 o[4];
+  for (int i = 0; i < 4; ++i) o[i] = _mm_add_ps(_mm256_castps256_ps128(off[i][0]), _mm256_extractf128_ps(off[i][0], 1));
+  const __m128 os4 = _mm_hadd_ps(_mm_hadd_ps(o[0], o[1]), _mm_hadd_ps(o[2], o[3]));
+  _mm_storeu_ps(out, _mm_sub_ps(rowred::hsum_x4(acc[0][0], acc[1][0], acc[2][0], acc[3][0]), os4));
+}
+
 template <class T, int NV>
 void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
   const int nb = K / 256;
   const StreamPrefetch<> pf(W, rows_stream_bytes(ld, nrows, static_cast<size_t>(nb) * T::bytes), prefetch);
+  // One vector: 4 rows at a time where the rows are long enough (stream_prefetch.h's multirow).
+  // Several vectors: one row at a time. Two rows of several vectors sharing x's loads (q4_0's
+  // choice) took 10-15% longer on the 2-core Zen 4: the K-quants' per-block work (codes, scales and
+  // the min terms' pass) is larger, and the single row was not bound by x's loads
+  // (docs/benchmarks.md, thirtieth session).
   int r = 0;
   if constexpr (NV == 1) {
-    // 4 rows at a time where the rows are long enough (stream_prefetch.h's multirow; their 4 streams
-    // advance together; x's loads are shared once inlined), summed by one transposed reduction; each
-    // row's arithmetic is exactly the single-row loop's below
-    const int side_rows = multirow(static_cast<size_t>(nb) * T::bytes, 1) ? nrows : 0;
-    for (; r + 4 <= side_rows; r += 4) {
-      const uint8_t* w = W + r * ld;
-      __m512 acc[4];
-      __m256 off[4];
-      #pragma GCC unroll 8
-      for (int i = 0; i < 4; ++i) acc[i] = _mm512_setzero_ps(), off[i] = _mm256_setzero_ps();
-      for (int b = 0; b < nb; ++b) {
-        if (prefetch) pf.ahead_block<4 * T::bytes>(w + 4 * b * T::bytes);
-        if constexpr (T::kScalesX4) {
-          __m512i sc[4];
-          kquant_scales_x4(w + b * T::bytes, ld, sc);
-          for (int i = 0; i < 4; ++i) {
-            T::template block_sc<1>(w + i * ld + b * T::bytes, sc[i], xs, K, 256 * b, &acc[i], &off[i]);
-          }
-        } else {
-          for (int i = 0; i < 4; ++i) {
-            T::template block<1>(w + i * ld + b * T::bytes, xs, K, 256 * b, &acc[i], &off[i]);
-          }
-        }
-      }
-      __m128 o[4];
-      for (int i = 0; i < 4; ++i) o[i] = _mm_add_ps(_mm256_castps256_ps128(off[i]), _mm256_extractf128_ps(off[i], 1));
-      const __m128 os4 = _mm_hadd_ps(_mm_hadd_ps(o[0], o[1]), _mm_hadd_ps(o[2], o[3]));
-      _mm_storeu_ps(out + r, _mm_sub_ps(rowred::hsum_x4(acc[0], acc[1], acc[2], acc[3]), os4));
-    }
+    const int side = multirow(static_cast<size_t>(nb) * T::bytes, 1) ? nrows : 0;
+    for (; r + 4 <= side; r += 4) rows256_x4<T>(W + r * ld, ld, nb, xs[0], K, out + r, prefetch ? &pf : nullptr);
   }
   for (; r < nrows; ++r) {
     const uint8_t* w = W + r * ld;
-    __m512 acc[NV];
-    __m256 off[NV];
+    __m512 acc[1][NV];
     #pragma GCC unroll 8
-    for (int j = 0; j < NV; ++j) acc[j] = _mm512_setzero_ps(), off[j] = _mm256_setzero_ps();
+    for (int j = 0; j < NV; ++j) acc[0][j] = _mm512_setzero_ps();
     for (int b = 0; b < nb; ++b) {
       if (prefetch) pf.ahead_block<T::bytes>(w + b * T::bytes);
-      T::template block<NV>(w + b * T::bytes, xs, K, 256 * b, acc, off);
+      const typename T::Block blk = T::decode(w + b * T::bytes);
+      dot_rows<T, 1, NV>(&blk, xs, K, 256 * b, acc);
     }
-    for (int j = 0; j < NV; ++j) out[j * os + r] = row256_sum(acc[j], off[j]);
+    __m256 off[1][NV];
+    min_rows<T, 1, NV>(w, ld, nb, xs, K, off);
+    for (int j = 0; j < NV; ++j) out[j * os + r] = row256_sum(acc[0][j], off[0][j]);
   }
 }
 
@@ -1312,18 +1397,20 @@ void gate_up256(const uint8_t* Wg, const uint8_t* Wu, size_t ld, int nrows, cons
   for (int r = 0; r < nrows; ++r) {
     const uint8_t* g = Wg + r * ld;
     const uint8_t* u = Wu + r * ld;
-    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-    __m256 off[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m512 acc[2][1] = {{_mm512_setzero_ps()}, {_mm512_setzero_ps()}};
     for (int b = 0; b < nb; ++b) {
       if (prefetch) {
         pg.ahead_block<T::bytes>(g + b * T::bytes);
         pu.ahead_block<T::bytes>(u + b * T::bytes);
       }
-      T::template block<1>(g + b * T::bytes, &x, K, 256 * b, &acc[0], &off[0]);
-      T::template block<1>(u + b * T::bytes, &x, K, 256 * b, &acc[1], &off[1]);
+      const typename T::Block blk[2] = {T::decode(g + b * T::bytes), T::decode(u + b * T::bytes)};
+      dot_rows<T, 2, 1>(blk, &x, K, 256 * b, acc);
     }
-    og[r] = row256_sum(acc[0], off[0]);
-    ou[r] = row256_sum(acc[1], off[1]);
+    __m256 off[2][1];
+    min_rows<T, 1, 1>(g, ld, nb, &x, K, &off[0]);
+    min_rows<T, 1, 1>(u, ld, nb, &x, K, &off[1]);
+    og[r] = row256_sum(acc[0][0], off[0][0]);
+    ou[r] = row256_sum(acc[1][0], off[1][0]);
   }
 }
 
