@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "avx2_pairs.h"
 #include "bf16_dot.h"
@@ -1118,14 +1119,16 @@ struct QK45 {
     return w;
   }
   // The block against one vector x whose 4 lines of codes at k are xv.
-  static inline void dot(const Block& w, const __m512i* xv, const Q8Ref& x, int K, int k, __m512& acc) {
+  // dd = d * dx (x's scale of this super-block).
+  static inline void dot(const Block& w, const __m512i* xv, float dd, const Q8Ref& /*x*/, int /*K*/, int /*k*/,
+                         __m512& acc) {
     const __m512i z = _mm512_setzero_si512();
     const __m512i p01 =
         _mm512_packs_epi32(_mm512_dpbusd_epi32(z, w.codes[0], xv[0]), _mm512_dpbusd_epi32(z, w.codes[1], xv[1]));
     const __m512i p23 =
         _mm512_packs_epi32(_mm512_dpbusd_epi32(z, w.codes[2], xv[2]), _mm512_dpbusd_epi32(z, w.codes[3], xv[3]));
     const __m512i i = _mm512_dpwssd_epi32(_mm512_madd_epi16(p01, w.s01), p23, w.s23);
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(w.d * load_f32(x.q + K + k)), acc);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(dd), acc);
   }
   // The min terms dmin * m[s] of the super-block at p (its sub-block s in lane s).
   static constexpr bool kMins = true;
@@ -1171,13 +1174,13 @@ struct Q6K {
     w.s23 = _mm512_permutexvar_epi16(ld_index(kQ6Pair23), sc);
     return w;
   }
-  static inline void dot(const Block& w, const __m512i* xv, const Q8Ref& x, int K, int k, __m512& acc) {
+  static inline void dot(const Block& w, const __m512i* xv, float dd, const Q8Ref& x, int K, int k, __m512& acc) {
     const __m512i z = _mm512_setzero_si512();
     const __m512i p01 = _mm512_packs_epi32(_mm512_dpbusd_epi32(z, w.cv[0], xv[0]), _mm512_dpbusd_epi32(z, w.cv[1], xv[1]));
     const __m512i p23 = _mm512_packs_epi32(_mm512_dpbusd_epi32(z, w.cv[2], xv[2]), _mm512_dpbusd_epi32(z, w.cv[3], xv[3]));
     __m512i i = _mm512_dpwssd_epi32(_mm512_madd_epi16(p01, w.s01), p23, w.s23);
     i = _mm512_dpwssd_epi32(i, _mm512_zextsi256_si512(ld256(x.q + 2 * K + k / 8)), w.scm);
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(w.d * load_f32(x.q + K + k)), acc);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(dd), acc);
   }
   static constexpr bool kMins = false;
   static inline __m256 mins(const uint8_t*) { return _mm256_setzero_ps(); }
@@ -1201,7 +1204,8 @@ inline void dot_rows(const typename T::Block* w, const Q8Ref* xs, int K, int k, 
 #pragma GCC unroll 8
   for (int j = 0; j < NV; ++j) {
     const XLines xl = R == 1 ? XLines(xs[j], k) : XLines(xs[j], k, 0);
-    for (int i = 0; i < R; ++i) T::dot(w[i], xl.v, xs[j], K, k, acc[i][j]);
+    const float dx = load_f32(xs[j].q + K + k);
+    for (int i = 0; i < R; ++i) T::dot(w[i], xl.v, w[i].d * dx, xs[j], K, k, acc[i][j]);
   }
 }
 // The min terms of R rows at w (ld apart, nb super-blocks) against NV vectors, super-block by
@@ -1275,6 +1279,19 @@ void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, flo
     const int side = multirow(static_cast<size_t>(nb) * T::bytes, 1) ? nrows : 0;
     for (; r + 4 <= side; r += 4) rows256_x4<T>(W + r * ld, ld, nb, xs[0], K, out + r, prefetch ? &pf : nullptr);
   }
+  // Several vectors: the vectors' dx per super-block gathered once a call (8 a super-block), so
+  // that each row's super-block makes its d * dx for all of them in one multiply and the products
+  // meet them as broadcasts from memory (bit for bit the single products of dot_rows).
+  constexpr int kStackBlocks = 64;  // K <= 16384 on the stack
+  alignas(32) float dx_stack[NV > 1 ? 8 * kStackBlocks : 1];
+  std::vector<float> dx_heap;
+  float* dxt = dx_stack;
+  if constexpr (NV > 1) {
+    if (nb > kStackBlocks) dx_heap.resize(8 * static_cast<size_t>(nb) + 8), dxt = dx_heap.data();
+    for (int b = 0; b < nb; ++b) {
+      for (int j = 0; j < 8; ++j) dxt[8 * b + j] = j < NV ? load_f32(xs[j].q + K + 256 * b) : 0.f;
+    }
+  }
   for (; r < nrows; ++r) {
     const uint8_t* w = W + r * ld;
     __m512 acc[1][NV];
@@ -1283,7 +1300,17 @@ void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, flo
     for (int b = 0; b < nb; ++b) {
       if (prefetch) pf.ahead_block<T::bytes>(w + b * T::bytes);
       const typename T::Block blk = T::decode(w + b * T::bytes);
-      dot_rows<T, 1, NV>(&blk, xs, K, 256 * b, acc);
+      if constexpr (NV == 1) {
+        dot_rows<T, 1, 1>(&blk, xs, K, 256 * b, acc);
+      } else {
+        alignas(32) float dd[8];
+        _mm256_store_ps(dd, _mm256_mul_ps(_mm256_set1_ps(blk.d), _mm256_loadu_ps(dxt + 8 * b)));
+        #pragma GCC unroll 8
+        for (int j = 0; j < NV; ++j) {
+          const XLines xl(xs[j], 256 * b);
+          T::dot(blk, xl.v, dd[j], xs[j], K, 256 * b, acc[0][j]);
+        }
+      }
     }
     __m256 off[1][NV];
     min_rows<T, 1, NV>(w, ld, nb, xs, K, off);
