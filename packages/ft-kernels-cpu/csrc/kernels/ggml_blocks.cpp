@@ -1089,13 +1089,17 @@ struct QK45 {
   struct Block {
     __m512i codes[4];  // sub-blocks (0, 2), (1, 3), (4, 6), (5, 7)
     __m512i s01, s23;  // the scales of the packed pairs
+    __m256 M;          // the min terms dmin * m[s], sub-block s in lane s
     float d;
   };
   static inline Block decode(const uint8_t* p) { return decode_sc(p, kquant_scales(p)); }
   // sc: kquant_scales(p)
   static inline Block decode_sc(const uint8_t* p, __m512i sc) {
     Block w;
-    w.d = _cvtsh_ss(load_u16(p));
+    // d and dmin in one conversion
+    const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(load_u16(p) | uint32_t{load_u16(p + 2)} << 16)));
+    w.d = _mm_cvtss_f32(dd);
+    w.M = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(sc, 1)), _mm256_broadcastss_ps(_mm_movehdup_ps(dd)));
     const uint8_t* qs = p + (kQ5 ? 48 : 16);
     const __m512i m = _mm512_set1_epi8(15);
     for (int c = 0; c < 2; ++c) {
@@ -1130,11 +1134,9 @@ struct QK45 {
     const __m512i i = _mm512_dpwssd_epi32(_mm512_madd_epi16(p01, w.s01), p23, w.s23);
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(dd), acc);
   }
-  // The min terms dmin * m[s] of the super-block at p (its sub-block s in lane s).
-  static constexpr bool kMins = true;
-  static inline __m256 mins(const uint8_t* p) {
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(kquant_scales(p), 1)),
-                         _mm256_set1_ps(_cvtsh_ss(load_u16(p + 2))));
+  // The min terms against x's fp32 sums per sub-block, into off.
+  static inline void mins(const Block& w, const Q8Ref& x, int K, int k, __m256& off) {
+    off = _mm256_fmadd_ps(w.M, _mm256_loadu_ps(reinterpret_cast<const float*>(x.q + 2 * K + k / 8)), off);
   }
 };
 // Q6_K: unsigned codes 0..63 against signed x (lanes <= 4 * 63 * 127 fit int16), an int8 scale per
@@ -1182,8 +1184,7 @@ struct Q6K {
     i = _mm512_dpwssd_epi32(i, _mm512_zextsi256_si512(ld256(x.q + 2 * K + k / 8)), w.scm);
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(dd), acc);
   }
-  static constexpr bool kMins = false;
-  static inline __m256 mins(const uint8_t*) { return _mm256_setzero_ps(); }
+  static inline void mins(const Block&, const Q8Ref&, int, int, __m256&) {}  // no min terms
 };
 
 // x's 4 lines of codes for the super-block at k.
@@ -1198,35 +1199,23 @@ struct XLines {
     for (int c = 0; c < 4; ++c) asm("" : "+v"(v[c]));
   }
 };
-// R rows' decoded blocks against NV vectors, x's lines loaded once for all R.
-template <class T, int R, int NV>
-inline void dot_rows(const typename T::Block* w, const Q8Ref* xs, int K, int k, __m512 (*acc)[NV]) {
-#pragma GCC unroll 8
-  for (int j = 0; j < NV; ++j) {
-    const XLines xl = R == 1 ? XLines(xs[j], k) : XLines(xs[j], k, 0);
-    const float dx = load_f32(xs[j].q + K + k);
-    for (int i = 0; i < R; ++i) T::dot(w[i], xl.v, w[i].d * dx, xs[j], K, k, acc[i][j]);
-  }
-}
-// The min terms of R rows at w (ld apart, nb super-blocks) against NV vectors, super-block by
-// super-block into off (zeroed here; Q4_K / Q5_K: dmin m[s] times x's fp32 sums per sub-block). A
-// loop of its own after the products': the rows' bytes are in L1 again, and the products' loop keeps
-// no offsets in registers (with 2 rows of 8 vectors it had spilled every accumulator).
-template <class T, int R, int NV>
-inline void min_rows(const uint8_t* w, size_t ld, int nb, const Q8Ref* xs, int K, __m256 (*off)[NV]) {
-#pragma GCC unroll 8
+// Rows' super-blocks at p[i], i < R, against one vector x at k, x's lines loaded once for all R
+// (held in registers), each row decoded just before its products (R rows' decoded blocks at once
+// would not fit the registers). sc: the rows' kquant_scales where the caller decoded them at once.
+template <class T, int R>
+inline void dot_rows_x1(const uint8_t* const* p, const __m512i* sc, const Q8Ref& x, int K, int k, __m512* acc,
+                        __m256* off) {
+  const XLines xl = R == 1 ? XLines(x, k) : XLines(x, k, 0);
+  const float dx = load_f32(x.q + K + k);
   for (int i = 0; i < R; ++i) {
-    for (int j = 0; j < NV; ++j) off[i][j] = _mm256_setzero_ps();
-  }
-  if constexpr (T::kMins) {
-    for (int b = 0; b < nb; ++b) {
-      for (int i = 0; i < R; ++i) {
-        const __m256 M = T::mins(w + i * ld + b * T::bytes);
-        for (int j = 0; j < NV; ++j) {
-          off[i][j] = _mm256_fmadd_ps(M, _mm256_loadu_ps(reinterpret_cast<const float*>(xs[j].q + 2 * K + 32 * b)), off[i][j]);
-        }
-      }
+    typename T::Block blk;
+    if constexpr (T::kScalesX4) {
+      blk = sc ? T::decode_sc(p[i], sc[i]) : T::decode(p[i]);
+    } else {
+      blk = T::decode(p[i]);
     }
+    T::dot(blk, xl.v, blk.d * dx, x, K, k, acc[i]);
+    T::mins(blk, x, K, k, off[i]);
   }
 }
 
@@ -1242,27 +1231,26 @@ inline float row256_sum(__m512 acc, __m256 off) {
 // loop's; the 4 sums by one transposed reduction, to out[0..3].
 template <class T>
 void rows256_x4(const uint8_t* w, size_t ld, int nb, const Q8Ref& x, int K, float* out, const StreamPrefetch<>* pf) {
-  __m512 acc[4][1];
+  __m512 acc[4];
+  __m256 off[4];
   #pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) acc[i][0] = _mm512_setzero_ps();
+  for (int i = 0; i < 4; ++i) acc[i] = _mm512_setzero_ps(), off[i] = _mm256_setzero_ps();
   for (int b = 0; b < nb; ++b) {
     if (pf) pf->ahead_block<4 * T::bytes>(w + 4 * b * T::bytes);
-    typename T::Block blk[4];
+    const uint8_t* p[4];
+    for (int i = 0; i < 4; ++i) p[i] = w + i * ld + b * T::bytes;
     if constexpr (T::kScalesX4) {
       __m512i sc[4];
-      kquant_scales_x4(w + b * T::bytes, ld, sc);
-      for (int i = 0; i < 4; ++i) blk[i] = T::decode_sc(w + i * ld + b * T::bytes, sc[i]);
+      kquant_scales_x4(p[0], ld, sc);
+      dot_rows_x1<T, 4>(p, sc, x, K, 256 * b, acc, off);
     } else {
-      for (int i = 0; i < 4; ++i) blk[i] = T::decode(w + i * ld + b * T::bytes);
+      dot_rows_x1<T, 4>(p, nullptr, x, K, 256 * b, acc, off);
     }
-    dot_rows<T, 4, 1>(blk, &x, K, 256 * b, acc);
   }
-  __m256 off[4][1];
-  min_rows<T, 4, 1>(w, ld, nb, &x, K, off);
   __m128 o[4];
-  for (int i = 0; i < 4; ++i) o[i] = _mm_add_ps(_mm256_castps256_ps128(off[i][0]), _mm256_extractf128_ps(off[i][0], 1));
+  for (int i = 0; i < 4; ++i) o[i] = _mm_add_ps(_mm256_castps256_ps128(off[i]), _mm256_extractf128_ps(off[i], 1));
   const __m128 os4 = _mm_hadd_ps(_mm_hadd_ps(o[0], o[1]), _mm_hadd_ps(o[2], o[3]));
-  _mm_storeu_ps(out, _mm_sub_ps(rowred::hsum_x4(acc[0][0], acc[1][0], acc[2][0], acc[3][0]), os4));
+  _mm_storeu_ps(out, _mm_sub_ps(rowred::hsum_x4(acc[0], acc[1], acc[2], acc[3]), os4));
 }
 
 // out[j * os] = row256_sum(acc[j], off[j]) for j < NV, 4 vectors at a time by transposed sums (the
@@ -1289,9 +1277,9 @@ void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, flo
   const StreamPrefetch<> pf(W, rows_stream_bytes(ld, nrows, static_cast<size_t>(nb) * T::bytes), prefetch);
   // One vector: 4 rows at a time where the rows are long enough (stream_prefetch.h's multirow).
   // Several vectors: one row at a time. Two rows of several vectors sharing x's loads (q4_0's
-  // choice) took 10-15% longer on the 2-core Zen 4: the K-quants' per-block work (codes, scales and
-  // the min terms' pass) is larger, and the single row was not bound by x's loads
-  // (docs/benchmarks.md, thirtieth session).
+  // choice) took 10-20% longer on the 2-core Zen 4, with the accumulators of 8 vectors spilled or
+  // with the vectors in two halves of 4 (each row's super-block decoded twice) (docs/benchmarks.md,
+  // thirtieth session).
   int r = 0;
   if constexpr (NV == 1) {
     const int side = multirow(static_cast<size_t>(nb) * T::bytes, 1) ? nrows : 0;
@@ -1299,7 +1287,7 @@ void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, flo
   }
   // Several vectors: the vectors' dx per super-block gathered once a call (8 a super-block), so
   // that each row's super-block makes its d * dx for all of them in one multiply, bit for bit the
-  // single products of dot_rows (the compiler broadcasts each lane by shuffles; forcing broadcasts
+  // single products of dot_rows_x1 (the compiler broadcasts each lane by shuffles; forcing broadcasts
   // from memory instead took 15% longer on the 2-core Zen 4).
   constexpr int kStackBlocks = 64;  // K <= 16384 on the stack
   alignas(32) float dx_stack[NV > 1 ? 8 * kStackBlocks : 1];
@@ -1313,27 +1301,28 @@ void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, flo
   }
   for (; r < nrows; ++r) {
     const uint8_t* w = W + r * ld;
-    __m512 acc[1][NV];
+    __m512 acc[NV];
+    __m256 off[NV];
     #pragma GCC unroll 8
-    for (int j = 0; j < NV; ++j) acc[0][j] = _mm512_setzero_ps();
+    for (int j = 0; j < NV; ++j) acc[j] = _mm512_setzero_ps(), off[j] = _mm256_setzero_ps();
     for (int b = 0; b < nb; ++b) {
       if (prefetch) pf.ahead_block<T::bytes>(w + b * T::bytes);
-      const typename T::Block blk = T::decode(w + b * T::bytes);
       if constexpr (NV == 1) {
-        dot_rows<T, 1, 1>(&blk, xs, K, 256 * b, acc);
+        const uint8_t* p = w + b * T::bytes;
+        dot_rows_x1<T, 1>(&p, nullptr, xs[0], K, 256 * b, acc, off);
       } else {
+        const typename T::Block blk = T::decode(w + b * T::bytes);
         alignas(32) float dd[8];
         _mm256_store_ps(dd, _mm256_mul_ps(_mm256_set1_ps(blk.d), _mm256_loadu_ps(dxt + 8 * b)));
         #pragma GCC unroll 8
         for (int j = 0; j < NV; ++j) {
           const XLines xl(xs[j], 256 * b);
-          T::dot(blk, xl.v, dd[j], xs[j], K, 256 * b, acc[0][j]);
+          T::dot(blk, xl.v, dd[j], xs[j], K, 256 * b, acc[j]);
+          T::mins(blk, xs[j], K, 256 * b, off[j]);
         }
       }
     }
-    __m256 off[1][NV];
-    min_rows<T, 1, NV>(w, ld, nb, xs, K, off);
-    store_row256_sums<NV>(acc[0], off[0], out + r, os);
+    store_row256_sums<NV>(acc, off, out + r, os);
   }
 }
 
@@ -1443,20 +1432,18 @@ void gate_up256(const uint8_t* Wg, const uint8_t* Wu, size_t ld, int nrows, cons
   for (int r = 0; r < nrows; ++r) {
     const uint8_t* g = Wg + r * ld;
     const uint8_t* u = Wu + r * ld;
-    __m512 acc[2][1] = {{_mm512_setzero_ps()}, {_mm512_setzero_ps()}};
+    __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    __m256 off[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int b = 0; b < nb; ++b) {
       if (prefetch) {
         pg.ahead_block<T::bytes>(g + b * T::bytes);
         pu.ahead_block<T::bytes>(u + b * T::bytes);
       }
-      const typename T::Block blk[2] = {T::decode(g + b * T::bytes), T::decode(u + b * T::bytes)};
-      dot_rows<T, 2, 1>(blk, &x, K, 256 * b, acc);
+      const uint8_t* p[2] = {g + b * T::bytes, u + b * T::bytes};
+      dot_rows_x1<T, 2>(p, nullptr, x, K, 256 * b, acc, off);
     }
-    __m256 off[2][1];
-    min_rows<T, 1, 1>(g, ld, nb, &x, K, &off[0]);
-    min_rows<T, 1, 1>(u, ld, nb, &x, K, &off[1]);
-    og[r] = row256_sum(acc[0][0], off[0][0]);
-    ou[r] = row256_sum(acc[1][0], off[1][0]);
+    og[r] = row256_sum(acc[0], off[0]);
+    ou[r] = row256_sum(acc[1], off[1]);
   }
 }
 
