@@ -1134,9 +1134,12 @@ struct QK45 {
     const __m512i i = _mm512_dpwssd_epi32(_mm512_madd_epi16(p01, w.s01), p23, w.s23);
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(dd), acc);
   }
-  // The min terms against x's fp32 sums per sub-block, into off.
-  static inline void mins(const Block& w, const Q8Ref& x, int K, int k, __m256& off) {
-    off = _mm256_fmadd_ps(w.M, _mm256_loadu_ps(reinterpret_cast<const float*>(x.q + 2 * K + k / 8)), off);
+  // Less the min terms against x's fp32 sums per sub-block, in lanes 0..7 of the same accumulator:
+  // against a separate 8-lane one (subtracted at the end) gguf's batch 8 took 3% less time on the
+  // 2-core Zen 4, 8 registers fewer (docs/benchmarks.md, thirtieth session).
+  static inline void mins(const Block& w, const Q8Ref& x, int K, int k, __m512& acc) {
+    const __m256 xsum = _mm256_loadu_ps(reinterpret_cast<const float*>(x.q + 2 * K + k / 8));
+    acc = _mm512_fnmadd_ps(_mm512_zextps256_ps512(w.M), _mm512_zextps256_ps512(xsum), acc);
   }
 };
 // Q6_K: unsigned codes 0..63 against signed x (lanes <= 4 * 63 * 127 fit int16), an int8 scale per
@@ -1184,7 +1187,7 @@ struct Q6K {
     i = _mm512_dpwssd_epi32(i, _mm512_zextsi256_si512(ld256(x.q + 2 * K + k / 8)), w.scm);
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(dd), acc);
   }
-  static inline void mins(const Block&, const Q8Ref&, int, int, __m256&) {}  // no min terms
+  static inline void mins(const Block&, const Q8Ref&, int, int, __m512&) {}  // no min terms
 };
 
 // x's 4 lines of codes for the super-block at k.
@@ -1203,8 +1206,7 @@ struct XLines {
 // (held in registers), each row decoded just before its products (R rows' decoded blocks at once
 // would not fit the registers). sc: the rows' kquant_scales where the caller decoded them at once.
 template <class T, int R>
-inline void dot_rows_x1(const uint8_t* const* p, const __m512i* sc, const Q8Ref& x, int K, int k, __m512* acc,
-                        __m256* off) {
+inline void dot_rows_x1(const uint8_t* const* p, const __m512i* sc, const Q8Ref& x, int K, int k, __m512* acc) {
   const XLines xl = R == 1 ? XLines(x, k) : XLines(x, k, 0);
   const float dx = load_f32(x.q + K + k);
   for (int i = 0; i < R; ++i) {
@@ -1215,15 +1217,8 @@ inline void dot_rows_x1(const uint8_t* const* p, const __m512i* sc, const Q8Ref&
       blk = T::decode(p[i]);
     }
     T::dot(blk, xl.v, blk.d * dx, x, K, k, acc[i]);
-    T::mins(blk, x, K, k, off[i]);
+    T::mins(blk, x, K, k, acc[i]);
   }
-}
-
-// A row's result in rows256's one-row loop (and gate_up256's): its products' sum less its offsets'
-// (the 4-row loop's transposed sums give the same bits).
-inline float row256_sum(__m512 acc, __m256 off) {
-  const __m128 o = _mm_add_ps(_mm256_castps256_ps128(off), _mm256_extractf128_ps(off, 1));
-  return rowred::hsum(acc) - _mm_cvtss_f32(_mm_hadd_ps(_mm_hadd_ps(o, o), _mm_hadd_ps(o, o)));
 }
 
 // 4 rows at w (ld apart) against one vector, side by side (their 4 streams advance together): x's
@@ -1232,9 +1227,8 @@ inline float row256_sum(__m512 acc, __m256 off) {
 template <class T>
 void rows256_x4(const uint8_t* w, size_t ld, int nb, const Q8Ref& x, int K, float* out, const StreamPrefetch<>* pf) {
   __m512 acc[4];
-  __m256 off[4];
   #pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) acc[i] = _mm512_setzero_ps(), off[i] = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) acc[i] = _mm512_setzero_ps();
   for (int b = 0; b < nb; ++b) {
     if (pf) pf->ahead_block<4 * T::bytes>(w + 4 * b * T::bytes);
     const uint8_t* p[4];
@@ -1242,33 +1236,12 @@ void rows256_x4(const uint8_t* w, size_t ld, int nb, const Q8Ref& x, int K, floa
     if constexpr (T::kScalesX4) {
       __m512i sc[4];
       kquant_scales_x4(p[0], ld, sc);
-      dot_rows_x1<T, 4>(p, sc, x, K, 256 * b, acc, off);
+      dot_rows_x1<T, 4>(p, sc, x, K, 256 * b, acc);
     } else {
-      dot_rows_x1<T, 4>(p, nullptr, x, K, 256 * b, acc, off);
+      dot_rows_x1<T, 4>(p, nullptr, x, K, 256 * b, acc);
     }
   }
-  __m128 o[4];
-  for (int i = 0; i < 4; ++i) o[i] = _mm_add_ps(_mm256_castps256_ps128(off[i]), _mm256_extractf128_ps(off[i], 1));
-  const __m128 os4 = _mm_hadd_ps(_mm_hadd_ps(o[0], o[1]), _mm_hadd_ps(o[2], o[3]));
-  _mm_storeu_ps(out, _mm_sub_ps(rowred::hsum_x4(acc[0], acc[1], acc[2], acc[3]), os4));
-}
-
-// out[j * os] = row256_sum(acc[j], off[j]) for j < NV, 4 vectors at a time by transposed sums (the
-// same trees: rows256_x4's), the rest one by one. Against one reduction per vector, gguf's batch 8
-// (Q4_K / Q6_K, rows of 3-8 super-blocks) took 4% less time in cache on the 2-core Zen 4
-// (docs/benchmarks.md, thirtieth session).
-template <int NV>
-inline void store_row256_sums(const __m512* acc, const __m256* off, float* out, int os) {
-  int j = 0;
-  for (; j + 4 <= NV; j += 4) {
-    __m128 o[4];
-    for (int i = 0; i < 4; ++i) o[i] = _mm_add_ps(_mm256_castps256_ps128(off[j + i]), _mm256_extractf128_ps(off[j + i], 1));
-    const __m128 os4 = _mm_hadd_ps(_mm_hadd_ps(o[0], o[1]), _mm_hadd_ps(o[2], o[3]));
-    alignas(16) float s[4];
-    _mm_store_ps(s, _mm_sub_ps(rowred::hsum_x4(acc[j], acc[j + 1], acc[j + 2], acc[j + 3]), os4));
-    for (int i = 0; i < 4; ++i) out[(j + i) * os] = s[i];
-  }
-  for (; j < NV; ++j) out[j * os] = row256_sum(acc[j], off[j]);
+  _mm_storeu_ps(out, rowred::hsum_x4(acc[0], acc[1], acc[2], acc[3]));
 }
 
 template <class T, int NV>
@@ -1302,14 +1275,13 @@ void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, flo
   for (; r < nrows; ++r) {
     const uint8_t* w = W + r * ld;
     __m512 acc[NV];
-    __m256 off[NV];
     #pragma GCC unroll 8
-    for (int j = 0; j < NV; ++j) acc[j] = _mm512_setzero_ps(), off[j] = _mm256_setzero_ps();
+    for (int j = 0; j < NV; ++j) acc[j] = _mm512_setzero_ps();
     for (int b = 0; b < nb; ++b) {
       if (prefetch) pf.ahead_block<T::bytes>(w + b * T::bytes);
       if constexpr (NV == 1) {
         const uint8_t* p = w + b * T::bytes;
-        dot_rows_x1<T, 1>(&p, nullptr, xs[0], K, 256 * b, acc, off);
+        dot_rows_x1<T, 1>(&p, nullptr, xs[0], K, 256 * b, acc);
       } else {
         const typename T::Block blk = T::decode(w + b * T::bytes);
         alignas(32) float dd[8];
@@ -1318,11 +1290,14 @@ void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, flo
         for (int j = 0; j < NV; ++j) {
           const XLines xl(xs[j], 256 * b);
           T::dot(blk, xl.v, dd[j], xs[j], K, 256 * b, acc[j]);
-          T::mins(blk, xs[j], K, 256 * b, off[j]);
+          T::mins(blk, xs[j], K, 256 * b, acc[j]);
         }
       }
     }
-    store_row256_sums<NV>(acc, off, out + r, os);
+    // 4 vectors at a time by transposed sums (the same trees): against one reduction per vector,
+    // gguf's batch 8 (Q4_K / Q6_K, rows of 3-8 super-blocks) took 4% less time in cache on the
+    // 2-core Zen 4 (docs/benchmarks.md, thirtieth session)
+    rowred::store_sums(acc, NV, out + r, os);
   }
 }
 
@@ -1433,17 +1408,16 @@ void gate_up256(const uint8_t* Wg, const uint8_t* Wu, size_t ld, int nrows, cons
     const uint8_t* g = Wg + r * ld;
     const uint8_t* u = Wu + r * ld;
     __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-    __m256 off[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int b = 0; b < nb; ++b) {
       if (prefetch) {
         pg.ahead_block<T::bytes>(g + b * T::bytes);
         pu.ahead_block<T::bytes>(u + b * T::bytes);
       }
       const uint8_t* p[2] = {g + b * T::bytes, u + b * T::bytes};
-      dot_rows_x1<T, 2>(p, nullptr, x, K, 256 * b, acc, off);
+      dot_rows_x1<T, 2>(p, nullptr, x, K, 256 * b, acc);
     }
-    og[r] = row256_sum(acc[0], off[0]);
-    ou[r] = row256_sum(acc[1], off[1]);
+    og[r] = rowred::hsum(acc[0]);
+    ou[r] = rowred::hsum(acc[1]);
   }
 }
 
