@@ -1010,7 +1010,8 @@ void rows32(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, floa
 // below) and VPMADDWD / VPDPWSSD multiply them by their sub-blocks' integer scales and sum into int32:
 // the whole super-block stays integer and is converted and scaled by d * dx once. Against scaling
 // each result by itself (a VPMADDWD or VPDPWSSD per result) this takes 2 of Zen 4's 512-bit multiply
-// slots a super-block and vector off 8 (Q4_K; Q6_K 2 off 9): batch 8 took 7-10% less time
+// slots a super-block and vector off 8 (Q4_K; Q6_K 2 off 9): gguf's batch 8 took 6% less time in
+// cache on the 2-core Zen 4, where these 512-bit operations and VFMADD231PS share one a cycle
 // (docs/benchmarks.md, thirtieth session).
 
 // The 6-bit scales (bytes 0..7) and mins (bytes 8..15) of Q4_K/Q5_K super-blocks, one per 128-bit
@@ -1135,8 +1136,8 @@ struct QK45 {
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(dd), acc);
   }
   // Less the min terms against x's fp32 sums per sub-block, in lanes 0..7 of the same accumulator:
-  // against a separate 8-lane one (subtracted at the end) gguf's batch 8 took 3% less time on the
-  // 2-core Zen 4, 8 registers fewer (docs/benchmarks.md, thirtieth session).
+  // against a separate 8-lane one (subtracted at the end) gguf's batch 8 took 4% less time in cache
+  // on the 2-core Zen 4, with 8 registers fewer (docs/benchmarks.md, thirtieth session).
   static inline void mins(const Block& w, const Q8Ref& x, int K, int k, __m512& acc) {
     const __m256 xsum = _mm256_loadu_ps(reinterpret_cast<const float*>(x.q + 2 * K + k / 8));
     acc = _mm512_fnmadd_ps(_mm512_zextps256_ps512(w.M), _mm512_zextps256_ps512(xsum), acc);
@@ -1250,7 +1251,7 @@ void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, flo
   const StreamPrefetch<> pf(W, rows_stream_bytes(ld, nrows, static_cast<size_t>(nb) * T::bytes), prefetch);
   // One vector: 4 rows at a time where the rows are long enough (stream_prefetch.h's multirow).
   // Several vectors: one row at a time. Two rows of several vectors sharing x's loads (q4_0's
-  // choice) took 10-20% longer on the 2-core Zen 4, with the accumulators of 8 vectors spilled or
+  // choice) took 16-20% longer on the 2-core Zen 4, with the accumulators of 8 vectors spilled or
   // with the vectors in two halves of 4 (each row's super-block decoded twice) (docs/benchmarks.md,
   // thirtieth session).
   int r = 0;
