@@ -228,10 +228,12 @@ FT_TARGET_AVX512_BF16 inline __m512i vnni_sums(const __m512i* q, const uint8_t* 
   return _mm512_dpbusd_epi32(t, q[3], _mm512_loadu_si512(xr + 192));
 }
 
-// Rows with N int8-quantized vectors (block records above) and VPDPBUSD.
+// One row with N int8-quantized vectors (block records above) and VPDPBUSD; g: the row's global scale.
 template <int N>
-FT_TARGET_AVX512_BF16 void nvfp4_row_vnni(const uint8_t* w, const uint8_t* sc, const uint8_t* const* xs, int K,
-                                          float* out, int os, const Prefetch& pf) {
+FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void nvfp4_row_vnni(const uint8_t* w, const uint8_t* sc,
+                                                                              const uint8_t* const* xs, int K,
+                                                                              float* out, int os, const Prefetch& pf,
+                                                                              float g) {
   __m512 acc[N];
   #pragma GCC unroll 8
   for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
@@ -262,8 +264,19 @@ FT_TARGET_AVX512_BF16 void nvfp4_row_vnni(const uint8_t* w, const uint8_t* sc, c
                                acc[j]);
     }
   }
-  // The table holds 2 * e2m1, the scales carry 2^-8: both undone by one power of two.
-  rowred::store_sums(acc, N, out, os, 0.5f * fp8nv::kE4m3Fp16Unscale);
+  // The table holds 2 * e2m1, the scales carry 2^-8: both undone by one power of two, exactly, so
+  // with the global scale it is still one rounding of sum * 2^k * g.
+  rowred::store_sums(acc, N, out, os, 0.5f * fp8nv::kE4m3Fp16Unscale * g);
+}
+
+// Rows ldw / lds apart, each nvfp4_row_vnni<N>: one call for all of them (a call and a global-scale
+// pass per row had taken ~10% of nvfp4's batch 1 in cache on the 2-core Zen 4; docs/benchmarks.md,
+// thirtieth session).
+template <int N>
+FT_TARGET_AVX512_BF16 void nvfp4_rows_vnni(const uint8_t* W, const uint8_t* SC, const float* G, size_t ldw,
+                                           size_t lds, int nrows, const uint8_t* const* xs, int K, float* out,
+                                           int os, const Prefetch& pf) {
+  for (int r = 0; r < nrows; ++r) nvfp4_row_vnni<N>(W + r * ldw, SC + r * lds, xs, K, out + r, os, pf, G[r]);
 }
 
 // One row's 256-element block at wb (scales s16) against x's block record xr, into acc: exactly
@@ -285,8 +298,8 @@ FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void nvfp4_vnni_bloc
 // hot in L1, and give the core 4 independent chains): 4 streams, which the hardware prefetchers of
 // Zen 5 do not follow, so the software prefetch walks the 4 rows' span in address order at 4 times
 // the pace.
-FT_TARGET_AVX512_BF16 void nvfp4_rows4_vnni(const uint8_t* w, const uint8_t* sc, size_t ldw, size_t lds,
-                                            const uint8_t* xq, int K, float* out, const Prefetch& pf) {
+FT_TARGET_AVX512_BF16 void nvfp4_rows4_vnni(const uint8_t* w, const uint8_t* sc, const float* g, size_t ldw,
+                                            size_t lds, const uint8_t* xq, int K, float* out, const Prefetch& pf) {
   __m512 acc[4];
   #pragma GCC unroll 8
   for (int i = 0; i < 4; ++i) acc[i] = _mm512_setzero_ps();
@@ -302,7 +315,7 @@ FT_TARGET_AVX512_BF16 void nvfp4_rows4_vnni(const uint8_t* w, const uint8_t* sc,
     }
   }
   _mm_storeu_ps(out, _mm_mul_ps(rowred::hsum_x4(acc[0], acc[1], acc[2], acc[3]),
-                                _mm_set1_ps(0.5f * fp8nv::kE4m3Fp16Unscale)));
+                                _mm_mul_ps(_mm_set1_ps(0.5f * fp8nv::kE4m3Fp16Unscale), _mm_loadu_ps(g))));
 }
 
 // 2 consecutive rows against N >= 2 vectors, K a multiple of 256: each vector's block record is
@@ -310,8 +323,9 @@ FT_TARGET_AVX512_BF16 void nvfp4_rows4_vnni(const uint8_t* w, const uint8_t* sc,
 // session). Each row's arithmetic is exactly nvfp4_row_vnni<N>'s. The two rows' span is prefetched
 // as one stream at twice the pace.
 template <int N>
-FT_TARGET_AVX512_BF16 void nvfp4_rows2_vnni(const uint8_t* w, const uint8_t* sc, size_t ldw, size_t lds,
-                                            const uint8_t* const* xs, int K, float* out, int os, const Prefetch& pf) {
+FT_TARGET_AVX512_BF16 void nvfp4_rows2_vnni(const uint8_t* w, const uint8_t* sc, const float* g, size_t ldw,
+                                            size_t lds, const uint8_t* const* xs, int K, float* out, int os,
+                                            const Prefetch& pf) {
   __m512 acc0[N], acc1[N];
 #pragma GCC unroll 8
   for (int j = 0; j < N; ++j) acc0[j] = acc1[j] = _mm512_setzero_ps();
@@ -343,8 +357,8 @@ FT_TARGET_AVX512_BF16 void nvfp4_rows2_vnni(const uint8_t* w, const uint8_t* sc,
       acc1[j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(t1), S1), d, acc1[j]);
     }
   }
-  rowred::store_sums(acc0, N, out, os, 0.5f * fp8nv::kE4m3Fp16Unscale);
-  rowred::store_sums(acc1, N, out + 1, os, 0.5f * fp8nv::kE4m3Fp16Unscale);
+  rowred::store_sums(acc0, N, out, os, 0.5f * fp8nv::kE4m3Fp16Unscale * g[0]);
+  rowred::store_sums(acc1, N, out + 1, os, 0.5f * fp8nv::kE4m3Fp16Unscale * g[1]);
 }
 
 // Blocks of v[k0, k1) (k0 a multiple of 256, k1 - k0 a multiple of 16) into dst (the whole vector's).
@@ -478,27 +492,28 @@ void nvfp4_rows(Isa isa, const uint8_t* W, const uint8_t* SC, const float* G, in
     int r = 0;
     if (isa == Isa::avx512_bf16 && n == 1 && K % 256 == 0 && multirow(static_cast<size_t>(K) / 2, 1)) {
       const uint8_t* xq = static_cast<const uint8_t*>(xs[0]);
-      for (; r + 4 <= nrows; r += 4) {
-        nvfp4_rows4_vnni(W + r * ldw, SC + r * lds, ldw, lds, xq, K, out + r, pf);
-        for (int i = 0; i < 4; ++i) out[r + i] *= G[r + i];
-      }
+      for (; r + 4 <= nrows; r += 4) nvfp4_rows4_vnni(W + r * ldw, SC + r * lds, G + r, ldw, lds, xq, K, out + r, pf);
     }
     if (isa == Isa::avx512_bf16 && n >= 2 && K % 256 == 0 && multirow(static_cast<size_t>(K) / 2, n)) {
       const uint8_t* const* xq = reinterpret_cast<const uint8_t* const*>(xs);
       for (; r + 2 <= nrows; r += 2) {
         dispatch_n(n, [&](auto nv) {
-          nvfp4_rows2_vnni<decltype(nv)::value>(W + r * ldw, SC + r * lds, ldw, lds, xq, K, out + r, os, pf);
+          nvfp4_rows2_vnni<decltype(nv)::value>(W + r * ldw, SC + r * lds, G + r, ldw, lds, xq, K, out + r, os, pf);
         });
-        for (int j = 0; j < n; ++j) out[j * os + r] *= G[r], out[j * os + r + 1] *= G[r + 1];
       }
+    }
+    if (isa == Isa::avx512_bf16) {
+      const uint8_t* const* xq = reinterpret_cast<const uint8_t* const*>(xs);
+      dispatch_n(n, [&](auto nv) {
+        nvfp4_rows_vnni<decltype(nv)::value>(W + r * ldw, SC + r * lds, G + r, ldw, lds, nrows - r, xq, K, out + r,
+                                             os, pf);
+      });
+      return;
     }
     for (; r < nrows; ++r) {
       const uint8_t* w = W + r * ldw;
       const uint8_t* sc = SC + r * lds;
-      if (isa == Isa::avx512_bf16) {
-        const uint8_t* const* xq = reinterpret_cast<const uint8_t* const*>(xs);
-        dispatch_n(n, [&](auto nv) { nvfp4_row_vnni<decltype(nv)::value>(w, sc, xq, K, out + r, os, pf); });
-      } else if (isa == Isa::avx512) {
+      if (isa == Isa::avx512) {
         const float* const* xf = reinterpret_cast<const float* const*>(xs);
         dispatch_n(n, [&](auto nv) { nvfp4_row_avx512<decltype(nv)::value>(w, sc, xf, K, out + r, os, pf); });
       } else {
