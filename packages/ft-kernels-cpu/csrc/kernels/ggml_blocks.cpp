@@ -1251,9 +1251,9 @@ void rows256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, flo
   const StreamPrefetch<> pf(W, rows_stream_bytes(ld, nrows, static_cast<size_t>(nb) * T::bytes), prefetch);
   // One vector: 4 rows at a time where the rows are long enough (stream_prefetch.h's multirow).
   // Several vectors: one row at a time. Two rows of several vectors sharing x's loads (q4_0's
-  // choice) took 16-20% longer on the 2-core Zen 4, with the accumulators of 8 vectors spilled or
-  // with the vectors in two halves of 4 (each row's super-block decoded twice) (docs/benchmarks.md,
-  // thirtieth session).
+  // choice) took 16-20% longer on the 2-core Zen 4 with the accumulators of 8 vectors spilled or
+  // with the vectors in two halves of 4 (each row's super-block decoded twice), and were no faster
+  // on this kernel as it is (docs/benchmarks.md, thirtieth session).
   int r = 0;
   if constexpr (NV == 1) {
     const int side = multirow(static_cast<size_t>(nb) * T::bytes, 1) ? nrows : 0;
