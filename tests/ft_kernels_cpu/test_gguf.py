@@ -195,6 +195,34 @@ def test_many_tokens_on_few_experts(isa: str, gu: Q, dn: Q) -> None:
     check(y, ref, scale, f"{isa} {gu.name}/{dn.name}", extra)
 
 
+@pytest.mark.parametrize("gu", [Q.Q4_K, Q.Q6_K])
+def test_kquant_rows_longer_than_the_stack_table(gu: Q) -> None:
+    # The int8 K-quant calls of several vectors (avx512_bf16) gather their vectors' x scales per
+    # super-block on the stack for rows of up to 64 super-blocks (K <= 16384) and on the heap beyond:
+    # hidden = 65 super-blocks takes the heap for gate/up, the down rows (intermediate 256) the stack.
+    # Against the int8 emulation (the sharp check, as test_int8_paths_match_an_int8_emulation: Q4_K's
+    # dmin zeroed), with 8 tokens on 2 experts so that every call takes 8 vectors; a super-block
+    # left out of a row is far above its tolerance (the int8 error bound of the other tests is not,
+    # at this K).
+    isa = "avx512_bf16"
+    if isa not in TIERS:
+        pytest.skip(f"no {isa} tier on this CPU")
+    rng = np.random.default_rng(int(gu))
+    E, H, I, top_k, T = 2, 65 * 256, 256, 2, 8
+    banks, wref, options = make_layer(rng, E, H, I, gu, Q.Q6_K)
+    for name, key in (("gate", "w_gate"), ("up", "w_up")):
+        if gu == Q.Q4_K:
+            blocks = banks[name].reshape(-1, GGML_QUANT_SIZES[gu][1])
+            blocks[:, 2:4] = 0
+            wref[key] = dequantize(blocks.reshape(E * I, -1), gu).reshape(E, I, H).astype(np.float64)
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T, num_threads=2, isa=isa)
+    ex.add_layer(0, "gguf", num_experts=E, intermediate=I, banks=banks, options=options)
+    x, _, w = random_inputs(rng, T, H, top_k, E, x_scale=2.0)
+    ids = np.tile(np.arange(top_k, dtype=np.int32), (T, 1))
+    ref, scale, flip = int8_emulated_reference(x, ids, w, wref, "silu", 256, 256)
+    check(ex.run(0, x, ids, w), ref, scale, f"{gu.name} H={H}", 1.01 * flip)
+
+
 @pytest.mark.parametrize(
     ("isa", "gu", "dn"),
     [
