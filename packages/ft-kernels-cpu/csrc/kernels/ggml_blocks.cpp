@@ -774,6 +774,43 @@ __attribute__((always_inline)) inline void q4_0_group(const uint8_t* p, int nblk
   }
 }
 
+// Two rows against NV vectors, a whole group of 8 blocks each: every vector's record lines are
+// loaded once for both rows (Zen 4 loads one 512-bit line a cycle; docs/benchmarks.md, fourteenth
+// session). Each row's arithmetic is exactly q4_0_group<NV>'s with nblk = 8.
+template <int NV>
+__attribute__((always_inline)) inline void q4_0_group_pair(const uint8_t* p0, const uint8_t* p1, const Q8Ref* xs,
+                                                           size_t xo, __m512i isc, __m512* acc0, __m512* acc1) {
+  const __m512i m = _mm512_set1_epi8(15);
+  __m512i q00, q01, q10, q11;
+  Q4_0::codes(p0, q00, q01);
+  Q4_0::codes(p1, q10, q11);
+  const __m512i sw0 = _mm512_permutex2var_epi16(ld512(p0), isc, ld512(p0 + 64));
+  const __m512i sw1 = _mm512_permutex2var_epi16(ld512(p1), isc, ld512(p1 + 64));
+  const __m512 ws00 = _mm512_cvtph_ps(_mm512_castsi512_si256(sw0));
+  const __m512 ws01 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(sw0, 1));
+  const __m512 ws10 = _mm512_cvtph_ps(_mm512_castsi512_si256(sw1));
+  const __m512 ws11 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(sw1, 1));
+  const __m512i l00 = _mm512_and_si512(q00, m), h00 = high_nibbles(q00);
+  const __m512i l01 = _mm512_and_si512(q01, m), h01 = high_nibbles(q01);
+  const __m512i l10 = _mm512_and_si512(q10, m), h10 = high_nibbles(q10);
+  const __m512i l11 = _mm512_and_si512(q11, m), h11 = high_nibbles(q11);
+#pragma GCC unroll 8
+  for (int j = 0; j < NV; ++j) {
+    const uint8_t* x = xs[j].q + xo;
+    const __m512i x0 = ld512(x), x1 = ld512(x + 64), x2 = ld512(x + 128), x3 = ld512(x + 192);
+    const __m512i o0 = ld512(x + 256), o1 = ld512(x + 320);
+    const __m512 dx = _mm512_set1_ps(load_f32(x + 384));
+    const __m512i s00 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(o0, l00, x0), h00, x1);
+    const __m512i s01 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(o1, l01, x2), h01, x3);
+    const __m512i s10 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(o0, l10, x0), h10, x1);
+    const __m512i s11 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(o1, l11, x2), h11, x3);
+    const __m512 g0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s01), ws01, _mm512_mul_ps(_mm512_cvtepi32_ps(s00), ws00));
+    const __m512 g1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s11), ws11, _mm512_mul_ps(_mm512_cvtepi32_ps(s10), ws10));
+    acc0[j] = _mm512_fmadd_ps(g0, dx, acc0[j]);
+    acc1[j] = _mm512_fmadd_ps(g1, dx, acc1[j]);
+  }
+}
+
 // R rows of one vector at once, whole groups of 8 blocks: x's record is loaded once for the R rows;
 // each row's arithmetic is exactly q4_0_group<1>'s.
 template <int R>
@@ -799,142 +836,6 @@ __attribute__((always_inline)) inline void q4_0_group_rows(const uint8_t* const*
   }
 }
 
-// Q4_0 against x's unsigned section (calls of several vectors; ggml_blocks.h's kQ8Q4_0): per group
-// of 8 blocks, one int32 accumulator for all 8 blocks (lanes 2b and 2b + 1 are block b's), so each
-// vector costs 4 VPDPBUSD, one conversion, one multiply by the blocks' scales and one FMA by dx (the
-// record's layout costs 2 VPDPBUSD, 2 conversions, 2 multiplies and an FMA more a group: 7 against 6
-// multiplies on the one 512-bit slot of Zen 4's VPDPBUSD/FMA, docs/benchmarks.md, thirty-first
-// session). The weights become signed (code - 8) by one GF2P8AFFINEQB per 64 codes (bits 0..2 of the
-// nibble kept, bit 3 spread over bits 3..7, then bits 3..7 inverted by the constant 0xF8), x is
-// unsigned (code + 128), and the lanes start at -128 * (sum of their weights), computed once per row
-// and group for all vectors. Every lane is exact in int32 (|sum| <= 16 * 255 * 8 + 128 * 16 * 8).
-struct Q4_0U {
-  __m512i w[4];   // signed weights of elements 0..7, 8..15, 16..23, 24..31 of blocks 0..7 (qword b)
-  __m512i start;  // -128 * (sum of each lane's 16 weights)
-  __m512 ws;      // the blocks' scales, block b on lanes 2b and 2b + 1
-  // The low / high nibble of every byte as a signed byte code - 8.
-  static __m512i lo_signed(__m512i q) {
-    return _mm512_gf2p8affine_epi64_epi8(q, _mm512_set1_epi64(0x0102040808080808ll), 0xF8);
-  }
-  static __m512i hi_signed(__m512i q) {
-    return _mm512_gf2p8affine_epi64_epi8(q, _mm512_set1_epi64(0x1020408080808080ll), 0xF8);
-  }
-  // Scales of blocks 0..7 from (p, p + 64), each twice: word 9 (i / 2) for i < 16.
-  static __m512i idx_scales2() {
-    alignas(64) int16_t v[32];
-    for (int i = 0; i < 32; ++i) v[i] = static_cast<int16_t>(i < 16 ? 9 * (i / 2) : 0);
-    return _mm512_load_si512(v);
-  }
-  // Group of nblk <= 8 blocks at p (blocks past nblk are not read: codes and scale 0).
-  __attribute__((always_inline)) static Q4_0U decode(const uint8_t* p, int nblk, __m512i ic0, __m512i ic1,
-                                                     __m512i isc2) {
-    __m512i a, b, q0, q1;
-    if (nblk == 8) {
-      a = ld512(p);
-      b = ld512(p + 64);
-      Q4_0::codes(p, q0, q1);
-    } else {
-      const int n = nblk * Q4_0::bytes;
-      const __mmask64 m0 = n >= 64 ? ~0ull : (1ull << n) - 1;
-      const __mmask64 m1 = n >= 128 ? ~0ull : n <= 64 ? 0ull : (1ull << (n - 64)) - 1;
-      const __mmask64 m2 = n <= 128 ? 0ull : (1ull << (n - 128)) - 1;
-      a = _mm512_maskz_loadu_epi8(m0, p);
-      b = _mm512_maskz_loadu_epi8(m1, p + 64);
-      const __m512i c = _mm512_maskz_loadu_epi8(m2, p + 128);
-      q0 = _mm512_permutex2var_epi16(a, ic0, b);
-      q1 = _mm512_permutex2var_epi16(b, ic1, c);
-    }
-    // q0 / q1: the 16 code bytes of blocks 0..3 / 4..7; bytes 0..7 of each block, then bytes 8..15
-    const __m512i c0 = _mm512_permutex2var_epi64(q0, _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14), q1);
-    const __m512i c1 = _mm512_permutex2var_epi64(q0, _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15), q1);
-    Q4_0U u;
-    u.w[0] = lo_signed(c0);
-    u.w[1] = lo_signed(c1);
-    u.w[2] = hi_signed(c0);
-    u.w[3] = hi_signed(c1);
-    // per lane: sum of its 16 weights + 32 (in 0..60 a byte before the lane's sum) times -128, less
-    // the 128 * 32 * 4 of the offset
-    const __m512i sum = _mm512_add_epi8(_mm512_add_epi8(u.w[0], u.w[1]), _mm512_add_epi8(u.w[2], u.w[3]));
-    u.start = _mm512_dpbusd_epi32(_mm512_set1_epi32(16384), _mm512_add_epi8(sum, _mm512_set1_epi8(32)),
-                                  _mm512_set1_epi8(-128));
-    u.ws = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(a, isc2, b)));
-    return u;
-  }
-  // sum over the group's lanes of (w . x) * scale, for x's 4 lines xl (unsigned codes), in fp32 lanes
-  __attribute__((always_inline)) __m512 dot(const __m512i* xl) const {
-    __m512i s = _mm512_dpbusd_epi32(start, xl[0], w[0]);
-    s = _mm512_dpbusd_epi32(s, xl[1], w[1]);
-    s = _mm512_dpbusd_epi32(s, xl[2], w[2]);
-    s = _mm512_dpbusd_epi32(s, xl[3], w[3]);
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(s), ws);
-  }
-};
-
-// Rows of several vectors (2 <= NV <= 8) against x's unsigned section: 2 rows at a time where the rows
-// are long enough (stream_prefetch.h's multirow), x's lines loaded once for both rows and held in
-// registers, else one row at a time; each row's arithmetic is the same in both, so results do not
-// depend on which rows a unit pairs.
-template <int NV>
-void rows_q4_0u(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os,
-                int prefetch) {
-  const int nb = K / 32, ng = (nb + 7) / 8;
-  const size_t uoff = q4_0_xu_offset(K);
-  const __m512i ic0 = Q4_0::idx_codes0(), ic1 = Q4_0::idx_codes1(), isc2 = Q4_0U::idx_scales2();
-  const StreamPrefetch<> pf(W, rows_stream_bytes(ld, nrows, static_cast<size_t>(nb) * Q4_0::bytes), prefetch);
-  auto xline = [&](int j, int g, __m512i* xl) {
-    const uint8_t* x = xs[j].q + uoff + 256 * static_cast<size_t>(g);
-    for (int c = 0; c < 4; ++c) xl[c] = ld512(x + 64 * c);
-  };
-  auto dx = [&](int j, int g) {
-    return _mm512_set1_ps(load_f32(xs[j].q + static_cast<size_t>(g) * kQ4_0XGroupBytes + 384));
-  };
-  int r = 0;
-  const int side_rows = multirow(static_cast<size_t>(nb) * Q4_0::bytes, NV) ? nrows : 0;
-  for (; r + 2 <= side_rows; r += 2) {
-    const uint8_t* w0 = W + r * ld;
-    const uint8_t* w1 = w0 + ld;
-    __m512 acc0[NV], acc1[NV];
-#pragma GCC unroll 8
-    for (int j = 0; j < NV; ++j) acc0[j] = acc1[j] = _mm512_setzero_ps();
-    for (int g = 0; g < ng; ++g) {
-      if (prefetch) pf.ahead_block<2 * 144>(w0 + 2 * g * 144);
-      const int nblk = std::min(8, nb - 8 * g);
-      const Q4_0U u0 = Q4_0U::decode(w0 + g * 144, nblk, ic0, ic1, isc2);
-      const Q4_0U u1 = Q4_0U::decode(w1 + g * 144, nblk, ic0, ic1, isc2);
-#pragma GCC unroll 8
-      for (int j = 0; j < NV; ++j) {
-        __m512i xl[4];
-        xline(j, g, xl);
-        // held in registers: the compiler would otherwise load each line again for the second row
-        asm("" : "+v"(xl[0]), "+v"(xl[1]), "+v"(xl[2]), "+v"(xl[3]));
-        const __m512 d = dx(j, g);
-        acc0[j] = _mm512_fmadd_ps(u0.dot(xl), d, acc0[j]);
-        acc1[j] = _mm512_fmadd_ps(u1.dot(xl), d, acc1[j]);
-      }
-    }
-    rowred::store_sums(acc0, NV, out + r, os);
-    rowred::store_sums(acc1, NV, out + r + 1, os);
-  }
-  for (; r < nrows; ++r) {
-    const uint8_t* w = W + r * ld;
-    __m512 acc[NV];
-#pragma GCC unroll 8
-    for (int j = 0; j < NV; ++j) acc[j] = _mm512_setzero_ps();
-    for (int g = 0; g < ng; ++g) {
-      if (prefetch) pf.ahead_block<144>(w + g * 144);
-      const Q4_0U u = Q4_0U::decode(w + g * 144, std::min(8, nb - 8 * g), ic0, ic1, isc2);
-#pragma GCC unroll 8
-      for (int j = 0; j < NV; ++j) {
-        __m512i xl[4];
-        xline(j, g, xl);
-        acc[j] = _mm512_fmadd_ps(u.dot(xl), dx(j, g), acc[j]);
-      }
-    }
-    rowred::store_sums(acc, NV, out + r, os);
-  }
-}
-
-// Calls of one vector (NV = 1; calls of several take rows_q4_0u above).
 template <int NV>
 void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
   const int nb = K / 32, nfull = nb / 8;
@@ -964,6 +865,30 @@ void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, f
         }
       }
       _mm_storeu_ps(out + r, rowred::hsum_x4(acc[0], acc[1], acc[2], acc[3]));
+    }
+  } else {
+    // 2 rows at a time where the rows are long enough (stream_prefetch.h's multirow), read as one
+    // stream at twice the pace; a last partial group row by row
+    for (; r + 2 <= side_rows; r += 2) {
+      const uint8_t* w0 = W + r * ld;
+      const uint8_t* w1 = w0 + ld;
+      __m512 acc0[NV], acc1[NV];
+#pragma GCC unroll 8
+      for (int j = 0; j < NV; ++j) acc0[j] = acc1[j] = _mm512_setzero_ps();
+      int g = 0;
+      for (; g < nfull; ++g) {
+        if (prefetch) pf.ahead_block<2 * 144>(w0 + 2 * g * 144);
+        q4_0_group_pair<NV>(w0 + g * 144, w1 + g * 144, xs, static_cast<size_t>(g) * kQ4_0XGroupBytes, isc, acc0,
+                            acc1);
+      }
+      if (8 * g < nb) {
+        if (prefetch) pf.ahead_block<2 * 144>(w0 + 2 * g * 144);
+        const size_t xo = static_cast<size_t>(g) * kQ4_0XGroupBytes;
+        q4_0_group<NV>(w0 + g * 144, nb - 8 * g, xs, xo, ic0, ic1, isc, acc0);
+        q4_0_group<NV>(w1 + g * 144, nb - 8 * g, xs, xo, ic0, ic1, isc, acc1);
+      }
+      rowred::store_sums(acc0, NV, out + r, os);
+      rowred::store_sums(acc1, NV, out + r + 1, os);
     }
   }
   for (; r < nrows; ++r) {
@@ -1436,8 +1361,7 @@ void quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int
   }
 }
 
-void quantize_q4_0(const float* x, int k0, int k1, int K, void* base) {
-  const size_t uoff = q4_0_xu_offset(K);
+void quantize_q4_0(const float* x, int k0, int k1, void* base) {
   for (int g = k0; g < k1; g += 256) {
     uint8_t* rec = static_cast<uint8_t*>(base) + static_cast<size_t>(g / 256) * kQ4_0XGroupBytes;
     const int n = std::min(256, k1 - g);
@@ -1458,24 +1382,6 @@ void quantize_q4_0(const float* x, int k0, int k1, int K, void* base) {
     }
     std::memset(rec + 384, 0, kQ4_0XGroupBytes - 384);
     std::memcpy(rec + 384, &dx, sizeof dx);
-    // the unsigned section: line q holds elements 8q..8q+7 of blocks 0..7 (qword b), codes + 128;
-    // qword 4b + q of the codes in element order is qword 8q + b there
-    uint8_t* u = static_cast<uint8_t*>(base) + uoff + static_cast<size_t>(g / 256) * 256;
-    const __m512i c01 = _mm512_permutex2var_epi64(ld512(codes), _mm512_setr_epi64(0, 4, 8, 12, 1, 5, 9, 13),
-                                                  ld512(codes + 64));
-    const __m512i c23 = _mm512_permutex2var_epi64(ld512(codes), _mm512_setr_epi64(2, 6, 10, 14, 3, 7, 11, 15),
-                                                  ld512(codes + 64));
-    const __m512i c45 = _mm512_permutex2var_epi64(ld512(codes + 128), _mm512_setr_epi64(0, 4, 8, 12, 1, 5, 9, 13),
-                                                  ld512(codes + 192));
-    const __m512i c67 = _mm512_permutex2var_epi64(ld512(codes + 128), _mm512_setr_epi64(2, 6, 10, 14, 3, 7, 11, 15),
-                                                  ld512(codes + 192));
-    // c01: q = 0 of blocks 0..3, then q = 1 of blocks 0..3; c23: q = 2, 3; c45 / c67 the same for blocks 4..7
-    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-    const __m512i lo_idx = _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11), hi_idx = _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15);
-    _mm512_storeu_si512(u, _mm512_xor_si512(_mm512_permutex2var_epi64(c01, lo_idx, c45), flip));
-    _mm512_storeu_si512(u + 64, _mm512_xor_si512(_mm512_permutex2var_epi64(c01, hi_idx, c45), flip));
-    _mm512_storeu_si512(u + 128, _mm512_xor_si512(_mm512_permutex2var_epi64(c23, lo_idx, c67), flip));
-    _mm512_storeu_si512(u + 192, _mm512_xor_si512(_mm512_permutex2var_epi64(c23, hi_idx, c67), flip));
   }
 }
 
@@ -1485,13 +1391,7 @@ void q8_32(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K
   dispatch_n(n, [&](auto nv) { rows32<T, decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
 }
 void q8_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) {
-  dispatch_n(n, [&](auto nv) {
-    if constexpr (decltype(nv)::value == 1) {
-      rows_q4_0<1>(W, ld, nrows, xs, K, out, os, pf);
-    } else {
-      rows_q4_0u<decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf);
-    }
-  });
+  dispatch_n(n, [&](auto nv) { rows_q4_0<decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
 }
 template <class T>
 void q8_256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) {
@@ -1623,10 +1523,10 @@ void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, 
 void q8_avx2k_quantize(const float* x, int k0, int k1, int K, void* base) {
   avx2q8::quantize_kquant(x, k0, k1, K, base);
 }
-void q4_0_xq_quantize(const float* x, int k0, int k1, int K, void* base) { vnni::quantize_q4_0(x, k0, k1, K, base); }
+void q4_0_xq_quantize(const float* x, int k0, int k1, void* base) { vnni::quantize_q4_0(x, k0, k1, base); }
 #else
 void q8_quantize(const float*, int, int, int, int, bool, int, void*) { throw Error("q8_quantize needs AVX-512"); }
-void q4_0_xq_quantize(const float*, int, int, int, void*) { throw Error("q4_0_xq_quantize needs AVX-512"); }
+void q4_0_xq_quantize(const float*, int, int, void*) { throw Error("q4_0_xq_quantize needs AVX-512"); }
 void q8_avx2k_quantize(const float*, int, int, int, void*) { throw Error("q8_avx2k_quantize needs AVX2"); }
 #endif
 
@@ -1658,7 +1558,7 @@ void GgmlMoeFormat::xq_quantize(const TypeInfo& t, const float* x, int k0, int k
   } else if (avx2_q8_) {
     q8_avx2k_quantize(x, k0, k1, K, base);
   } else if (t.q8_layout == kQ8Q4_0) {
-    q4_0_xq_quantize(x, k0, k1, K, base);
+    q4_0_xq_quantize(x, k0, k1, base);
   } else {
     q8_quantize(x, k0, k1, K, t.q8_group, t.q8_xu, t.q8_layout, base);
   }

@@ -67,10 +67,6 @@ using MultiFn = void (*)(const uint8_t* W, size_t ld, int nrows, const float* co
 //   bytes 256 + 64c .. +63 int32 lanes l = 0..15: -8 * (sum of the codes at bytes 128c + 4l .. +3 and
 //                          128c + 64 + 4l .. +3): the start of the VPDPBUSD lanes (Q4_0's offset 8)
 //   bytes 384 .. 387       dx of the group (fp32)
-// followed (at q4_0_xu_offset(K)) by the unsigned section of the kernels of several vectors, 256
-// bytes per group g: byte 64q + 8b + i is code + 128 of element 32b + 8q + i of the group (q < 4,
-// b < 8, i < 8), the order of Q4_0's codes in those kernels (one 64-byte line per 8 elements of
-// every block).
 //
 // kQ8Avx2K (the avx2 tier's int8 kernels of Q4_K, Q5_K and Q6_K; Q4_0's and MXFP4's take avx2_pairs.h's
 // records; G = 256, as ggml's Q8_K; K a multiple of 256; codes as int8_codes in int8_codes.h, the
@@ -85,8 +81,7 @@ using MultiFn = void (*)(const uint8_t* W, size_t ld, int nrows, const float* co
 inline size_t q8_bytes(int K) { return 2 * static_cast<size_t>(K) + static_cast<size_t>(K) / 8; }
 inline size_t q8_avx2k_bytes(int K) { return static_cast<size_t>(K) + static_cast<size_t>(K) / 64 + static_cast<size_t>(K) / 4; }
 constexpr size_t kQ4_0XGroupBytes = 448;
-inline size_t q4_0_xu_offset(int K) { return static_cast<size_t>((K + 255) / 256) * kQ4_0XGroupBytes; }
-inline size_t q4_0_xq_bytes(int K) { return q4_0_xu_offset(K) + static_cast<size_t>((K + 255) / 256) * 256; }
+inline size_t q4_0_xq_bytes(int K) { return static_cast<size_t>((K + 255) / 256) * kQ4_0XGroupBytes; }
 enum Q8Layout : int { kQ8Plain = 0, kQ8Q4_0 = 1, kQ8KQuant = 2, kQ8Q6K = 3, kQ8Avx2K = 4 };
 struct Q8Ref {
   const uint8_t* q;  // the vector's base
@@ -96,7 +91,7 @@ struct Q8Ref {
 // layout: a Q8Layout other than kQ8Q4_0 and kQ8Avx2K.
 void q8_quantize(const float* x, int k0, int k1, int K, int G, bool unsigned_x, int layout, void* base);
 // The same into the kQ8Q4_0 layout (k0 a multiple of 256; the group of k1 is zero-padded).
-void q4_0_xq_quantize(const float* x, int k0, int k1, int K, void* base);
+void q4_0_xq_quantize(const float* x, int k0, int k1, void* base);
 // The same into the kQ8Avx2K layout, in AVX2 code (x indexed from element 0 as above; k0 and k1
 // multiples of 256, whole groups only; the avx2 tier).
 void q8_avx2k_quantize(const float* x, int k0, int k1, int K, void* base);
