@@ -191,7 +191,10 @@ class GgmlMoeFormat final : public MoeFormat {
   Matrix gate_, up_, down_;
   bool gu_q8_ = false, down_q8_ = false;  // the int8 paths (types with a q8 kernel in this tier)
   bool avx2_q8_ = false;                  // the avx2 tier (q8_avx2 kernels; kQ8Avx2K x for K-quants)
-  std::vector<uint8_t> xq_;               // prep_input: the tokens' Q8 vectors of x
+  // prep_input: the tokens' Q8 vectors of x, from a cache-line boundary (x_stride() is whole lines), so
+  // that the kernels' 64-byte loads of x never straddle two lines (a std::vector's bytes start at any
+  // 16-byte boundary; no step time changed on the 2-core Zen 4, docs/benchmarks.md, thirty-first session)
+  AlignedBuffer<uint8_t> xq_;
 };
 
 }  // namespace ggml
