@@ -1,6 +1,8 @@
 // Shared pieces of the CPU MoE kernels: ISA tiers, bf16 conversion, aligned scratch, errors.
 #pragma once
 
+#include <algorithm>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -9,6 +11,10 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #if defined(__x86_64__) || defined(_M_X64)
 #define FT_X86 1
@@ -94,8 +100,39 @@ inline uint16_t f32_to_bf16(float f) {
 // with that stride and 556 with 4 KiB + 64 (docs/benchmarks.md, fifteenth session).
 inline size_t vec_stride(size_t bytes) { return ((bytes + 63) / 64 | 1) * 64; }
 
+// Which pages a buffer asks Linux for: whatever the THP policy gives (any), transparent huge pages
+// (madvise MADV_HUGEPAGE, 2 MiB aligned), or 4 KiB pages (MADV_NOHUGEPAGE).
+enum class Pages { any, huge, small };
+// madvise(p, bytes, MADV_HUGEPAGE / MADV_NOHUGEPAGE) before the first touch; throws where the system
+// has no transparent huge pages.
+inline void advise_pages(void* p, size_t bytes, Pages pages) {
+  if (pages == Pages::any) return;
+#if defined(__linux__) && defined(MADV_HUGEPAGE) && defined(MADV_NOHUGEPAGE)
+  const int advice = pages == Pages::huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE;
+  if (madvise(p, bytes, advice) != 0) {
+    throw Error(std::string("madvise(") + (pages == Pages::huge ? "MADV_HUGEPAGE" : "MADV_NOHUGEPAGE") +
+                ") failed (" + std::strerror(errno) + "): this kernel offers no transparent huge pages");
+  }
+#else
+  (void)p;
+  (void)bytes;
+  throw Error("choosing huge or small pages needs Linux's madvise(MADV_HUGEPAGE / MADV_NOHUGEPAGE)");
+#endif
+}
+
+// Frees an AlignedBuffer's memory: std::free, or munmap of the mapping it was placed in (pages chosen).
 struct AlignedFree {
-  void operator()(void* p) const { std::free(p); }
+  void* map = nullptr;  // the mapping's first byte, where the buffer has one
+  size_t map_bytes = 0;
+  void operator()(void* p) const {
+#if defined(__linux__)
+    if (map != nullptr) {
+      munmap(map, map_bytes);
+      return;
+    }
+#endif
+    std::free(p);
+  }
 };
 
 #if FT_X86
@@ -115,21 +152,47 @@ FT_TARGET_AVX2 inline float hmax8(__m256 v) {
 }
 #endif
 
-// 64-byte aligned, zero-initialised scratch of `count` elements of T.
+// 64-byte aligned, zero-initialised scratch of `count` elements of T. resize(count, Pages::huge) places
+// it on transparent huge pages instead (2 MiB aligned, whole 2 MiB pages, asked for before the first
+// touch; whether the kernel grants them follows its THP policy and free memory), Pages::small on 4 KiB
+// pages.
 template <typename T>
 class AlignedBuffer {
  public:
+  static constexpr size_t kHugePage = size_t{2} << 20;
   AlignedBuffer() = default;
   explicit AlignedBuffer(size_t count) { resize(count); }
-  void resize(size_t count) {
-    if (count <= count_) return;
-    size_t bytes = (count * sizeof(T) + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, bytes ? bytes : 64);
-    if (!p) throw Error("out of memory allocating " + std::to_string(bytes) + " bytes of scratch");
-    std::memset(p, 0, bytes);
-    ptr_.reset(p);
+  void resize(size_t count, Pages pages = Pages::any) {
+    if (count <= count_ && pages == pages_) return;
+    if (pages == Pages::any) {
+      const size_t bytes = std::max<size_t>((count * sizeof(T) + 63) / 64 * 64, 64);
+      void* p = std::aligned_alloc(64, bytes);
+      if (!p) throw Error("out of memory allocating " + std::to_string(bytes) + " bytes of scratch");
+      std::memset(p, 0, bytes);
+      ptr_ = std::unique_ptr<void, AlignedFree>(p, AlignedFree{});
+    } else {
+      // a mapping of its own, asked for its pages before any is touched (memory reused from the
+      // allocator could already sit on pages of the other kind)
+      const size_t bytes = std::max<size_t>((count * sizeof(T) + kHugePage - 1) / kHugePage * kHugePage, kHugePage);
+#if defined(__linux__)
+      const size_t map_bytes = bytes + kHugePage;
+      void* m = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (m == MAP_FAILED) throw Error("out of memory mapping " + std::to_string(map_bytes) + " bytes of scratch");
+      const uintptr_t a = reinterpret_cast<uintptr_t>(m);
+      void* p = reinterpret_cast<void*>((a + kHugePage - 1) / kHugePage * kHugePage);
+      std::unique_ptr<void, AlignedFree> owner(p, AlignedFree{m, map_bytes});
+      advise_pages(p, bytes, pages);
+      std::memset(p, 0, bytes);
+      ptr_ = std::move(owner);
+#else
+      (void)bytes;
+      advise_pages(nullptr, 0, pages);  // throws: no way to choose pages here
+#endif
+    }
     count_ = count;
+    pages_ = pages;
   }
+  Pages pages() const { return pages_; }
   T* data() { return static_cast<T*>(ptr_.get()); }
   const T* data() const { return static_cast<const T*>(ptr_.get()); }
   size_t size() const { return count_; }
@@ -137,6 +200,7 @@ class AlignedBuffer {
  private:
   std::unique_ptr<void, AlignedFree> ptr_;
   size_t count_ = 0;
+  Pages pages_ = Pages::any;
 };
 
 // One scratch buffer per thread for the kernels that derive per-call tables from x (avx2_pairs.h):

@@ -765,13 +765,14 @@ void MoeExecutor::reset_pool_profile() {
   for (int w = 0; w < pool_.num_threads(); ++w) job_->links[w].v = 0;
 }
 
-double MoeExecutor::read_bandwidth_gbs(size_t bytes, int passes) {
+double MoeExecutor::read_bandwidth_gbs(size_t bytes, int passes, bool huge_pages) {
   if (passes < 1) throw Error("passes must be >= 1");
   const size_t chunk = 256 * 1024;
   const size_t chunks = std::max<size_t>(1, bytes / chunk);
   std::lock_guard<std::mutex> lock(run_mutex_);
-  if (bw_buffer_.size() < chunks * chunk) {
-    bw_buffer_.resize(chunks * chunk);
+  const Pages pages = huge_pages ? Pages::huge : Pages::small;
+  if (bw_buffer_.size() < chunks * chunk || bw_buffer_.pages() != pages) {
+    bw_buffer_.resize(chunks * chunk, pages);
     uint8_t* p = bw_buffer_.data();
     for (size_t i = 0; i < chunks * chunk; i += 64) p[i] = static_cast<uint8_t>(i >> 6);
   }

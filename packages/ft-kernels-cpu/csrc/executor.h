@@ -39,8 +39,13 @@ class MoeExecutor {
   int run_noexcept(const ft_moe_task& task) noexcept;
   const char* last_error() const { return last_error_.c_str(); }
 
-  // Read bandwidth of this pool over a buffer of `bytes` (reused across calls), in GB/s.
-  double read_bandwidth_gbs(size_t bytes, int passes);
+  // Read bandwidth of this pool over a buffer of `bytes` (reused across calls), in GB/s, the buffer on
+  // transparent huge pages (huge_pages) or on 4 KiB pages: the pages the banks it is set against are
+  // on (numpy asks for huge pages on its large arrays).
+  double read_bandwidth_gbs(size_t bytes, int passes, bool huge_pages);
+  // The read buffer's first byte and size (0, 0 before the first read_bandwidth_gbs).
+  const uint8_t* read_buffer() const { return bw_buffer_.data(); }
+  size_t read_buffer_bytes() const { return bw_buffer_.size(); }
 
   // Where the pool's time went in run() calls since the last reset (WorkerPool::profile).
   PoolProfile pool_profile();

@@ -145,11 +145,15 @@ PYBIND11_MODULE(_ft_kernels_cpu, m) {
           py::arg("count"), py::arg("y"))
       .def(
           "read_bandwidth_gbs",
-          [](MoeExecutor& ex, size_t bytes, int passes) {
+          [](MoeExecutor& ex, size_t bytes, int passes, bool huge_pages) {
             py::gil_scoped_release nogil;
-            return ex.read_bandwidth_gbs(bytes, passes);
+            return ex.read_bandwidth_gbs(bytes, passes, huge_pages);
           },
-          py::arg("bytes"), py::arg("passes"))
+          py::arg("bytes"), py::arg("passes"), py::arg("huge_pages"))
+      .def("read_buffer_span",
+           [](const MoeExecutor& ex) {
+             return py::make_tuple(reinterpret_cast<uintptr_t>(ex.read_buffer()), ex.read_buffer_bytes());
+           })
       .def(
           "pool_profile",
           [](MoeExecutor& ex) {

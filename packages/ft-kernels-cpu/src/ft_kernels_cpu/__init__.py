@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ft_kernels_cpu._aligned import BANK_ALIGNMENT, AlignmentWarning, empty_aligned
+from ft_kernels_cpu._aligned import BANK_ALIGNMENT, AlignmentWarning, empty_aligned, huge_page_bytes
 from ft_kernels_cpu._executor import MoeExecutor
 from ft_kernels_cpu._native import native as _native
 
@@ -67,6 +67,7 @@ __all__ = [
     "MoeExecutor",
     "cpu_amx_bf16",
     "empty_aligned",
+    "huge_page_bytes",
     "get_include",
     "isa",
     "isa_tiers",

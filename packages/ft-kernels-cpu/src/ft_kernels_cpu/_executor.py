@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ft_kernels_cpu._aligned import BANK_ALIGNMENT, AlignmentWarning, misaligned_banks
+from ft_kernels_cpu._aligned import BANK_ALIGNMENT, AlignmentWarning, huge_page_bytes_at, misaligned_banks
 from ft_kernels_cpu._native import native
 
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "swigluoai", "swiglu_clamp")
@@ -326,11 +326,31 @@ class MoeExecutor:
             layer, T, x.ctypes.data, ids_seq.ctypes.data, weights_seq.ctypes.data, count, out.ctypes.data
         )
 
-    def read_bandwidth_gbs(self, nbytes: int = 512 << 20, passes: int = 2) -> float:
-        """Read bandwidth of this executor's threads streaming ``nbytes`` (kept between calls), GB/s."""
+    def read_bandwidth_gbs(self, nbytes: int = 512 << 20, passes: int = 2, huge_pages: bool = True) -> float:
+        """Read bandwidth of this executor's threads streaming ``nbytes`` (kept between calls), GB/s.
+
+        ``huge_pages``: the buffer on transparent huge pages (2 MiB aligned, ``madvise(MADV_HUGEPAGE)``;
+        the default, as numpy and ``empty_aligned`` place large banks), else on 4 KiB pages
+        (``MADV_NOHUGEPAGE``). Set it to the pages the banks are on: on one Zen 4 core a stream over 4 KiB
+        pages read 24 GB/s against 31 over huge pages (docs/benchmarks.md, thirty-first session), so a
+        ceiling on other pages than the banks' misstates the ratio. ``read_buffer_huge_page_bytes()``
+        says how much of the buffer the kernel backed with huge pages."""
         nbytes = _check_int("nbytes", nbytes, 1 << 20)
         passes = _check_int("passes", passes, 1)
-        return self._native.read_bandwidth_gbs(nbytes, passes)
+        if not isinstance(huge_pages, bool):
+            raise TypeError(f"huge_pages must be a bool, got {huge_pages!r}")
+        return self._native.read_bandwidth_gbs(nbytes, passes, huge_pages)
+
+    @property
+    def read_buffer_bytes(self) -> int:
+        """Size of ``read_bandwidth_gbs``'s buffer (0 before its first call)."""
+        return int(self._native.read_buffer_span()[1])
+
+    def read_buffer_huge_page_bytes(self) -> int | None:
+        """Bytes of transparent huge pages in the mappings of ``read_bandwidth_gbs``'s buffer (0 before its
+        first call; None where the kernel does not report them)."""
+        addr, nbytes = self._native.read_buffer_span()
+        return huge_page_bytes_at([(addr, nbytes)]) if nbytes else 0
 
     def pool_profile(self) -> dict[str, float]:
         """Where the worker pool's time went since the last ``reset_pool_profile()``, summed over workers.

@@ -17,6 +17,12 @@ pool then sits in the last-level cache). The read GB/s column stays the DRAM rea
 Banks start at multiples of 64 bytes (``empty_aligned``), as torch tensors and pinned memory do;
 ``--bank-offset B`` starts each bank B bytes past one (numpy's own large arrays: 16) to measure what
 a misaligned bank costs.
+
+The banks and the read-bandwidth buffer are on the same pages: transparent huge pages by default (as
+numpy and torch place large arrays where the THP policy allows), 4 KiB pages with ``--pages small``
+(``empty_aligned(..., huge_pages=False)``, ``read_bandwidth_gbs(..., huge_pages=False)``). The JSON's
+``huge_page_mib`` and ``read_huge_page_mib`` say how much of each the kernel backed with huge pages,
+and the log warns when the two differ by more than a tenth.
 """
 
 from __future__ import annotations
@@ -129,6 +135,7 @@ def bench_format(
     pool_mib: float | None = None,
     top_k: int | None = None,
     bank_offset: int = 0,
+    huge_pages: bool = True,
 ) -> dict:
     shape = get_shape(shape_name)
     if top_k is not None:
@@ -161,8 +168,19 @@ def bench_format(
         f"LLC {llc / 2**20:.0f} MiB)"
     )
     t0 = time.perf_counter()
-    banks = place_banks(bench_fmt.banks(shape, pool, rng), bank_offset)
-    log(f"# banks built in {time.perf_counter() - t0:.1f} s ({bank_offset} bytes past a 64-byte boundary)")
+    banks = place_banks(bench_fmt.banks(shape, pool, rng), bank_offset, huge_pages)
+    bank_bytes = sum(b.nbytes for b in banks.values())
+    huge_bytes = fk.huge_page_bytes(*banks.values())
+    log(
+        f"# banks built in {time.perf_counter() - t0:.1f} s ({bank_offset} bytes past a 64-byte boundary; "
+        + (
+            "huge pages not reported by this kernel"
+            if huge_bytes is None
+            else f"{huge_bytes / 2**20:.0f} of {bank_bytes / 2**20:.0f} MiB on huge pages"
+        )
+        + ")"
+    )
+
 
     ex = fk.MoeExecutor(
         shape.hidden, shape.top_k, max_tokens=batch, num_threads=threads, isa=isa, prefetch_bytes=prefetch
@@ -178,8 +196,18 @@ def bench_format(
     step_bytes = np.array([len(np.unique(ids[s])) * expert_bytes for s in range(steps)])
 
     bw_bytes = max(512 << 20, 8 * llc)
-    read = lambda: ex.read_bandwidth_gbs(bw_bytes, passes=1)  # noqa: E731
+    read = lambda: ex.read_bandwidth_gbs(bw_bytes, passes=1, huge_pages=huge_pages)  # noqa: E731
     read()
+    read_huge = ex.read_buffer_huge_page_bytes()
+    if huge_bytes is not None and read_huge is not None:
+        bank_frac, read_frac = huge_bytes / max(bank_bytes, 1), read_huge / max(ex.read_buffer_bytes, 1)
+        log(f"# read buffer: {read_huge / 2**20:.0f} of {ex.read_buffer_bytes / 2**20:.0f} MiB on huge pages")
+        if abs(bank_frac - read_frac) > 0.1:
+            log(
+                f"# warning: {bank_frac:.0%} of the banks but {read_frac:.0%} of the read buffer are on "
+                "huge pages (THP policy in /sys/kernel/mm/transparent_hugepage/enabled, or free memory): the "
+                "ratio compares different pages"
+            )
     # Calibrate the number of steps per timed row to about `min_time` seconds.
     secs = ex.time_runs(0, x, ids[:8], weights[:8])
     count = int(min(steps, max(8, min_time / max(secs / 8, 1e-6))))
@@ -243,6 +271,9 @@ def bench_format(
         "prefetch_l1": ex.layer_prefetch_l1_bytes(0),
         "gate_up_slice": ex.gate_up_slice_bytes,
         "bank_offset": bank_offset,
+        "pages": "huge" if huge_pages else "small",
+        "huge_page_mib": None if huge_bytes is None else round(huge_bytes / 2**20, 1),
+        "read_huge_page_mib": None if read_huge is None else round(read_huge / 2**20, 1),
         "gbs": round(gbs, 2),
         "read_gbs": round(read_gbs, 2),
         "ratio": round(statistics.median(r[2] for r in rows), 4),
@@ -257,13 +288,14 @@ def bench_format(
     }
 
 
-def place_banks(banks: dict[str, np.ndarray], offset: int) -> dict[str, np.ndarray]:
+def place_banks(banks: dict[str, np.ndarray], offset: int, huge_pages: bool = True) -> dict[str, np.ndarray]:
     """The banks copied to start `offset` bytes past a multiple of 64 (each original freed once
-    copied, so the pool is held about once)."""
+    copied, so the pool is held about once), on transparent huge pages or on 4 KiB pages."""
     placed = {}
     for name in list(banks):
         a = banks.pop(name)
-        b = fk.empty_aligned(a.nbytes + offset, np.uint8)[offset:].view(a.dtype).reshape(a.shape)
+        b = fk.empty_aligned(a.nbytes + offset, np.uint8, huge_pages=huge_pages)[offset:]
+        b = b.view(a.dtype).reshape(a.shape)
         b[...] = a
         placed[name] = b
     return placed
@@ -327,6 +359,13 @@ def main(argv: list[str] | None = None) -> int:
         help="bytes past a 64-byte boundary at which every bank starts, 0-63 (default 0; numpy's large "
         "arrays start at 16)",
     )
+    p.add_argument(
+        "--pages",
+        choices=("huge", "small"),
+        default="huge",
+        help="pages of the banks and of the read-bandwidth buffer: transparent huge pages (default, as numpy "
+        "and torch place large arrays; madvise(MADV_HUGEPAGE)) or 4 KiB pages (MADV_NOHUGEPAGE)",
+    )
     p.add_argument("--json", action="store_true", help="end with one JSON line per format")
     a = p.parse_args(argv)
     if a.batch < 1:
@@ -370,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
             pool_mib=a.pool_mib,
             top_k=a.top_k,
             bank_offset=a.bank_offset,
+            huge_pages=a.pages == "huge",
         )
         for f in formats
     ]
