@@ -19,7 +19,7 @@ Banks start at multiples of 64 bytes (``empty_aligned``), as torch tensors and p
 a misaligned bank costs.
 
 The banks and the read-bandwidth buffer are on the same pages: transparent huge pages by default (as
-numpy and torch place large arrays where the THP policy allows), 4 KiB pages with ``--pages small``
+numpy places its large arrays where the THP policy allows), 4 KiB pages with ``--pages small``
 (``empty_aligned(..., huge_pages=False)``, ``read_bandwidth_gbs(..., huge_pages=False)``). The JSON's
 ``huge_page_mib`` and ``read_huge_page_mib`` say how much of each the kernel backed with huge pages,
 and the log warns when the two differ by more than a tenth.
@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=("huge", "small"),
         default="huge",
         help="pages of the banks and of the read-bandwidth buffer: transparent huge pages (default, as numpy "
-        "and torch place large arrays; madvise(MADV_HUGEPAGE)) or 4 KiB pages (MADV_NOHUGEPAGE)",
+        "places its large arrays; madvise(MADV_HUGEPAGE)) or 4 KiB pages (MADV_NOHUGEPAGE)",
     )
     p.add_argument("--json", action="store_true", help="end with one JSON line per format")
     a = p.parse_args(argv)
