@@ -1033,12 +1033,12 @@ inline __m512i kquant_scale_bytes(__m512i v) {
 inline __m512i kquant_scales(const uint8_t* p) {
   return _mm512_cvtepu8_epi32(_mm512_castsi512_si128(kquant_scale_bytes(_mm512_castsi128_si512(ld128(p + 4)))));
 }
-// The same for the super-blocks at p + i * ld, i < 4 (4 rows side by side): one decode for all four.
-inline void kquant_scales_x4(const uint8_t* p, size_t ld, __m512i* sc) {
-  __m512i v = _mm512_castsi128_si512(ld128(p + 4));
-  v = _mm512_inserti32x4(v, ld128(p + ld + 4), 1);
-  v = _mm512_inserti32x4(v, ld128(p + 2 * ld + 4), 2);
-  v = _mm512_inserti32x4(v, ld128(p + 3 * ld + 4), 3);
+// The same for the super-blocks at p[i], i < 4: one decode for all four.
+inline void kquant_scales_at(const uint8_t* const* p, __m512i* sc) {
+  __m512i v = _mm512_castsi128_si512(ld128(p[0] + 4));
+  v = _mm512_inserti32x4(v, ld128(p[1] + 4), 1);
+  v = _mm512_inserti32x4(v, ld128(p[2] + 4), 2);
+  v = _mm512_inserti32x4(v, ld128(p[3] + 4), 3);
   v = kquant_scale_bytes(v);
   sc[0] = _mm512_cvtepu8_epi32(_mm512_castsi512_si128(v));
   sc[1] = _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(v, 1));
@@ -1236,7 +1236,7 @@ void rows256_x4(const uint8_t* w, size_t ld, int nb, const Q8Ref& x, int K, floa
     for (int i = 0; i < 4; ++i) p[i] = w + i * ld + b * T::bytes;
     if constexpr (T::kScalesX4) {
       __m512i sc[4];
-      kquant_scales_x4(p[0], ld, sc);
+      kquant_scales_at(p, sc);
       dot_rows_x1<T, 4>(p, sc, x, K, 256 * b, acc);
     } else {
       dot_rows_x1<T, 4>(p, nullptr, x, K, 256 * b, acc);
@@ -1409,7 +1409,24 @@ void gate_up256(const uint8_t* Wg, const uint8_t* Wu, size_t ld, int nrows, cons
     const uint8_t* g = Wg + r * ld;
     const uint8_t* u = Wu + r * ld;
     __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-    for (int b = 0; b < nb; ++b) {
+    int b = 0;
+    if constexpr (T::kScalesX4) {
+      // two super-blocks of each row at a time, the 4 blocks' scales decoded at once (on the 2-core
+      // Zen 4 the one-vector K-quant kernels are bound by their own operations: docs/benchmarks.md,
+      // thirty-first session)
+      for (; b + 2 <= nb; b += 2) {
+        if (prefetch) {
+          pg.ahead_block<2 * T::bytes>(g + b * T::bytes);
+          pu.ahead_block<2 * T::bytes>(u + b * T::bytes);
+        }
+        const uint8_t* p[4] = {g + b * T::bytes, u + b * T::bytes, g + (b + 1) * T::bytes, u + (b + 1) * T::bytes};
+        __m512i sc[4];
+        kquant_scales_at(p, sc);
+        dot_rows_x1<T, 2>(p, sc, x, K, 256 * b, acc);
+        dot_rows_x1<T, 2>(p + 2, sc + 2, x, K, 256 * (b + 1), acc);
+      }
+    }
+    for (; b < nb; ++b) {
       if (prefetch) {
         pg.ahead_block<T::bytes>(g + b * T::bytes);
         pu.ahead_block<T::bytes>(u + b * T::bytes);
