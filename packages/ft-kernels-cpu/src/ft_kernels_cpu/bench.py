@@ -181,7 +181,6 @@ def bench_format(
         + ")"
     )
 
-
     ex = fk.MoeExecutor(
         shape.hidden, shape.top_k, max_tokens=batch, num_threads=threads, isa=isa, prefetch_bytes=prefetch
     )
