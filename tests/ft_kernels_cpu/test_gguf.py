@@ -18,11 +18,11 @@ from helpers.checks import (
     run_many_tokens_on_few_experts,
 )
 from helpers.int8_bounds import int8_emulated_reference, int8_error_bound
-from helpers.kernel_variants import multirow_tier_fixture
+from helpers.kernel_variants import q4_0_tier_fixture
 from helpers.moe_reference import ACTIVATIONS, BF16, moe_reference, one_token_on_expert_0, random_inputs
 
 TIERS = fk.isa_tiers()
-isa = multirow_tier_fixture()
+isa = q4_0_tier_fixture()
 TYPES = [Q.Q8_0, Q.Q4_0, Q.BF16, Q.F16, Q.MXFP4, Q.Q4_K, Q.Q6_K, Q.Q5_K]
 # Types gguf can quantize from floats; the K-quants are built byte by byte (random codes, valid scales).
 QUANTIZABLE = {Q.Q8_0, Q.Q4_0, Q.BF16, Q.F16, Q.MXFP4}

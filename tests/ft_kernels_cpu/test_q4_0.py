@@ -17,11 +17,11 @@ from helpers.checks import (
     run_many_tokens_on_few_experts,
 )
 from helpers.int8_bounds import int8_emulated_reference, int8_error_bound
-from helpers.kernel_variants import multirow_tier_fixture
+from helpers.kernel_variants import q4_0_tier_fixture
 from helpers.moe_reference import ACTIVATIONS, BF16, moe_reference, random_inputs
 
 TIERS = fk.isa_tiers()
-isa = multirow_tier_fixture()
+isa = q4_0_tier_fixture()
 # silu at batch 1, 3 and 8; the other activations at batch 3.
 CASES = [(act, T) for act in ACTIVATIONS for T in ([1, 3, 8] if act == "silu" else [3])]
 
@@ -147,6 +147,58 @@ def test_avx2_int8_path_matches_an_int8_emulation(H: int, T: int) -> None:
     ex.add_layer(0, "q4_0", num_experts=E, intermediate=I, banks=banks)
     ref, scale, flip = int8_emulated_reference(x, ids, w, wref, "silu", 32, 32)
     check(ex.run(0, x, ids, w), ref, scale, f"avx2 int8 emulation H={H}", 1.01 * flip)
+
+
+def cpu_is_intel() -> bool:
+    with open("/proc/cpuinfo") as f:
+        vendors = {line.split(":")[-1].strip() for line in f if line.startswith("vendor_id")}
+    return vendors == {"GenuineIntel"}
+
+
+@pytest.mark.skipif("avx512_bf16" not in TIERS, reason="no avx512_bf16 tier here")
+def test_gather_choices_give_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    # FT_CPU_MOE_Q4_0_GATHER only changes the instructions that gather a group's codes and scales, so
+    # every kernel (one vector: gate and up side by side, 4 rows side by side; several: 2 rows side by
+    # side, one row) gives the same bits either way, whole groups and a partial last one alike.
+    rng = np.random.default_rng(5)
+    E, H, I, top_k = 4, 544, 800, 4
+    banks, _ = make_layer(rng, E, H, I)
+    for multirow in ("", "0"):
+        monkeypatch.setenv("FT_CPU_MOE_MULTIROW_BYTES", multirow)
+        for T in (1, 3, 8):
+            x, ids, w = random_inputs(rng, T, H, top_k, E)
+            ys = {}
+            for gather in ("dwords", "words"):
+                monkeypatch.setenv("FT_CPU_MOE_Q4_0_GATHER", gather)
+                ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=T, num_threads=2, isa="avx512_bf16")
+                ex.add_layer(0, "q4_0", num_experts=E, intermediate=I, banks=banks)
+                assert ex.layer_kernels(0) == gather
+                ys[gather] = ex.run(0, x, ids, w)
+            assert np.array_equal(ys["dwords"].view(np.uint16), ys["words"].view(np.uint16)), (multirow, T)
+
+
+def test_gather_choice_default_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(6)
+    E, H, I = 2, 64, 32
+    banks, _ = make_layer(rng, E, H, I)
+
+    def kernels(tier: str, gather: str) -> str | None:
+        monkeypatch.setenv("FT_CPU_MOE_Q4_0_GATHER", gather)
+        ex = fk.MoeExecutor(hidden=H, top_k=2, max_tokens=2, isa=tier)
+        ex.add_layer(0, "q4_0", num_experts=E, intermediate=I, banks=banks)
+        return ex.layer_kernels(0)
+
+    # The choice exists in the avx512_bf16 tier only; auto: dwords on Intel, words elsewhere.
+    for tier in TIERS:
+        want = ("dwords" if cpu_is_intel() else "words") if tier == "avx512_bf16" else None
+        assert kernels(tier, "") == want == kernels(tier, "auto")
+    var = "FT_CPU_MOE_Q4_0_GATHER"
+    with pytest.raises(fk.KernelError, match=rf"{var}='bytes' is unknown; expected auto, dwords or words"):
+        kernels("scalar", "bytes")
+    for gather in ("dwords", "words"):
+        message = rf"{var}='{gather}' needs the avx512_bf16 tier; this layer runs tier 'scalar'"
+        with pytest.raises(fk.KernelError, match=message):
+            kernels("scalar", gather)
 
 
 def test_errors_name_the_bank_and_expected_shape() -> None:

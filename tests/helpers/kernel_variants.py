@@ -1,8 +1,8 @@
 """Test variants over ISA tiers and a format's kernel choice, which the executor reads from an
-environment variable when a layer is made (FT_CPU_MOE_DSFP4_KERNELS, FT_CPU_MOE_FP8_KERNELS), together
-with FT_CPU_MOE_AMX_MIN (from how many vectors a call runs on AMX tiles; "" for the default) and,
-where a variant has a fourth value, FT_CPU_MOE_MULTIROW_BYTES (from how many bytes a row the kernels
-read rows side by side; "" for the default)."""
+environment variable when a layer is made (FT_CPU_MOE_DSFP4_KERNELS, FT_CPU_MOE_FP8_KERNELS,
+FT_CPU_MOE_Q4_0_GATHER), together with FT_CPU_MOE_AMX_MIN (from how many vectors a call runs on AMX
+tiles; "" for the default) and, where a variant has a fourth value, FT_CPU_MOE_MULTIROW_BYTES (from
+how many bytes a row the kernels read rows side by side; "" for the default)."""
 
 from __future__ import annotations
 
@@ -46,6 +46,19 @@ def multirow_tier_fixture():
     tiers = fk.isa_tiers()
     variants = [(t, "", "") for t in tiers] + [("avx512_bf16", "0", "")] * ("avx512_bf16" in tiers)
     return tier_fixture("FT_CPU_MOE_MULTIROW_BYTES", variants)
+
+
+def q4_0_tier_fixture():
+    """A tier fixture for the formats with Q4_0 rows (q4_0, gguf): every tier, the avx512_bf16 tier
+    once with each way its Q4_0 kernels gather a group's codes and scales (FT_CPU_MOE_Q4_0_GATHER
+    dwords and words: the same results bit for bit, which test_q4_0.py checks), each also with
+    FT_CPU_MOE_MULTIROW_BYTES=0 (multirow_tier_fixture)."""
+    tiers = fk.isa_tiers()
+    variants: list[Variant] = [(t, "", "") for t in tiers if t != "avx512_bf16"]
+    if "avx512_bf16" in tiers:
+        for gather in ("dwords", "words"):
+            variants += [("avx512_bf16", gather, ""), ("avx512_bf16", gather, "", "0")]
+    return tier_fixture("FT_CPU_MOE_Q4_0_GATHER", variants)
 
 
 def current_variant(env_name: str, tier: str) -> Variant:

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "amx_tiles.h"
 #include "avx2_pairs.h"
 #include "bf16_dot.h"
 #include "dispatch_n.h"
@@ -696,10 +697,10 @@ inline __m512 f16_bcast(const uint8_t* p) { return _mm512_set1_ps(_cvtsh_ss(load
 // Q4_0 against x in the Q4_0 layout (q4_0_xq_* in ggml_blocks.h): per group of 8 blocks (144
 // bytes) one permute per 4 blocks gathers their 64 code bytes in block order (qs of blocks
 // 4c..4c+3, 16 bytes each: low nibbles are elements 0..15 of each block, high nibbles 16..31, which
-// is the order of x's lo and hi halves): by dwords from four unaligned loads (Q4_0::codes), or by
-// words from three masked loads for a last, partial group. One word permute of the group's first
-// 128 bytes gathers the 8 fp16 scales, each repeated on its block's 4 lanes. Per 4 blocks and
-// vector: two VPDPBUSD into int32 lanes that start at the precomputed -8 * (sum of the lane's x
+// is the order of x's lo and hi halves): by dwords from four unaligned loads (Q4_0::codes; Q4_0Dwords
+// below), or by words from three loads (Q4_0Words, and masked ones for a last, partial group). The
+// 8 fp16 scales are gathered from the group's first 128 bytes and converted to fp32, each on its
+// block's 4 lanes. Per 4 blocks and vector: two VPDPBUSD into int32 lanes that start at the precomputed -8 * (sum of the lane's x
 // codes), one conversion, one FMA by the scales; the group's sum is multiplied by dx at its end.
 struct Q4_0 {
   static constexpr int elems = 32, bytes = 18;
@@ -738,29 +739,84 @@ struct Q4_0 {
   }
 };
 
-// One group of nblk <= 8 blocks at p against the vectors' group records at xo (byte offset).
-template <int NV>
-__attribute__((always_inline)) inline void q4_0_group(const uint8_t* p, int nblk, const Q8Ref* xs, size_t xo,
-                                                      __m512i ic0, __m512i ic1, __m512i isc, __m512* acc) {
-  __m512i a, b, q0, q1;
-  if (nblk == 8) {
-    a = ld512(p);
-    b = ld512(p + 64);
+// How the kernels below gather a whole group's codes (q0: blocks 0..3, q1: 4..7, as Q4_0::codes)
+// and its scales in fp32 on their blocks' lanes (ws0: blocks 0..3, ws1: 4..7). Both give the same
+// values bit for bit; they differ in the instructions spent.
+//
+// Q4_0Dwords (Intel): Q4_0::codes's four unaligned loads and two VPERMT2D, then one word permute of
+// the group's first 128 bytes that repeats each scale on its block's 4 lanes and two conversions of
+// 16 fp16 scales each. Intel's cores issue two 512-bit loads a cycle and run every permute on one
+// port, so permutes are what this path saves.
+// (Explicit constructors: an implicit one would be compiled without this section's target.)
+struct Q4_0Dwords {
+  __m512i isc;
+  Q4_0Dwords() : isc(Q4_0::idx_scales()) {}
+  __attribute__((always_inline)) void decode(const uint8_t* p, __m512i& q0, __m512i& q1, __m512& ws0,
+                                             __m512& ws1) const {
     Q4_0::codes(p, q0, q1);
+    const __m512i sw = _mm512_permutex2var_epi16(ld512(p), isc, ld512(p + 64));
+    ws0 = _mm512_cvtph_ps(_mm512_castsi512_si256(sw));
+    ws1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(sw, 1));
+  }
+};
+
+// Q4_0Words (AMD): the group's 144 bytes in three loads (64, 64 and 16 bytes), the codes by words
+// from them (the masked path's permutes), the 8 scales gathered into one 128-bit lane, converted
+// in one 256-bit VCVTPH2PS and spread over their lanes by two VPERMPS. Zen 4 loads one 512-bit
+// vector a cycle, and about 1.6 cycles for one whose 32-byte half crosses a cache line (most of
+// Q4_0::codes's, whose groups start 16 bytes apart modulo 64); its 512-bit VCVTPH2PS takes about 1.7
+// cycles where the 256-bit one takes 0.7. Probe of a gate/up row pair (2-core Zen 4, rows in L1
+// / L2): 15.8 / 16.6 cycles per row and group with Q4_0Dwords, 14.3 / 14.9 with this
+// (docs/benchmarks.md, thirty-second session).
+struct Q4_0Words {
+  __m512i ic0, ic1;
+  __m512i is8;       // the scales of blocks 0..7 in words 0..7 (word 9 b of (p, p + 64))
+  __m512i il0, il1;  // lanes 4c..4c+3 take scale c (ws0) or 4 + c (ws1)
+  Q4_0Words()
+      : ic0(Q4_0::idx_codes0()),
+        ic1(Q4_0::idx_codes1()),
+        is8(_mm512_setr_epi32(9 << 16, 27 << 16 | 18, 45 << 16 | 36, 63 << 16 | 54, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                              0, 0)),
+        il0(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)),
+        il1(_mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7)) {}
+  __attribute__((always_inline)) void decode(const uint8_t* p, __m512i& q0, __m512i& q1, __m512& ws0,
+                                             __m512& ws1) const {
+    __m512i a = ld512(p), b = ld512(p + 64), c = _mm512_castsi128_si512(ld128(p + 128));
+    // Kept in registers: VPERMT2W overwrites a table, and GCC would otherwise load a and b again
+    // for each permute, which is the cost this path exists to save.
+    asm("" : "+v"(a), "+v"(b), "+v"(c));
+    q0 = _mm512_permutex2var_epi16(a, ic0, b);
+    q1 = _mm512_permutex2var_epi16(b, ic1, c);
+    const __m256 s = _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi16(a, is8, b)));
+    ws0 = _mm512_permutexvar_ps(il0, _mm512_castps256_ps512(s));
+    ws1 = _mm512_permutexvar_ps(il1, _mm512_castps256_ps512(s));
+  }
+};
+
+// One group of nblk <= 8 blocks at p against the vectors' group records at xo (byte offset); a
+// whole group decoded by D (Q4_0Dwords or Q4_0Words).
+template <int NV, class D>
+__attribute__((always_inline)) inline void q4_0_group(const uint8_t* p, int nblk, const Q8Ref* xs, size_t xo,
+                                                      const D& dec, __m512i ic0, __m512i ic1, __m512i isc,
+                                                      __m512* acc) {
+  __m512i q0, q1;
+  __m512 ws0, ws1;
+  if (nblk == 8) {
+    dec.decode(p, q0, q1, ws0, ws1);
   } else {  // masked: nothing past the row's last block is read; missing blocks are zero (scale 0)
     const int n = nblk * Q4_0::bytes;
     const __mmask64 m0 = n >= 64 ? ~0ull : (1ull << n) - 1;
     const __mmask64 m1 = n >= 128 ? ~0ull : n <= 64 ? 0ull : (1ull << (n - 64)) - 1;
     const __mmask64 m2 = n <= 128 ? 0ull : (1ull << (n - 128)) - 1;
-    a = _mm512_maskz_loadu_epi8(m0, p);
-    b = _mm512_maskz_loadu_epi8(m1, p + 64);
+    const __m512i a = _mm512_maskz_loadu_epi8(m0, p);
+    const __m512i b = _mm512_maskz_loadu_epi8(m1, p + 64);
     const __m512i c = _mm512_maskz_loadu_epi8(m2, p + 128);
     q0 = _mm512_permutex2var_epi16(a, ic0, b);
     q1 = _mm512_permutex2var_epi16(b, ic1, c);
+    const __m512i sw = _mm512_permutex2var_epi16(a, isc, b);
+    ws0 = _mm512_cvtph_ps(_mm512_castsi512_si256(sw));
+    ws1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(sw, 1));
   }
-  const __m512i sw = _mm512_permutex2var_epi16(a, isc, b);
-  const __m512 ws0 = _mm512_cvtph_ps(_mm512_castsi512_si256(sw));
-  const __m512 ws1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(sw, 1));
   const __m512i m = _mm512_set1_epi8(15);
   const __m512i l0 = _mm512_and_si512(q0, m), h0 = high_nibbles(q0);
   const __m512i l1 = _mm512_and_si512(q1, m), h1 = high_nibbles(q1);
@@ -777,19 +833,14 @@ __attribute__((always_inline)) inline void q4_0_group(const uint8_t* p, int nblk
 // Two rows against NV vectors, a whole group of 8 blocks each: every vector's record lines are
 // loaded once for both rows (Zen 4 loads one 512-bit line a cycle; docs/benchmarks.md, fourteenth
 // session). Each row's arithmetic is exactly q4_0_group<NV>'s with nblk = 8.
-template <int NV>
+template <int NV, class D>
 __attribute__((always_inline)) inline void q4_0_group_pair(const uint8_t* p0, const uint8_t* p1, const Q8Ref* xs,
-                                                           size_t xo, __m512i isc, __m512* acc0, __m512* acc1) {
+                                                           size_t xo, const D& dec, __m512* acc0, __m512* acc1) {
   const __m512i m = _mm512_set1_epi8(15);
   __m512i q00, q01, q10, q11;
-  Q4_0::codes(p0, q00, q01);
-  Q4_0::codes(p1, q10, q11);
-  const __m512i sw0 = _mm512_permutex2var_epi16(ld512(p0), isc, ld512(p0 + 64));
-  const __m512i sw1 = _mm512_permutex2var_epi16(ld512(p1), isc, ld512(p1 + 64));
-  const __m512 ws00 = _mm512_cvtph_ps(_mm512_castsi512_si256(sw0));
-  const __m512 ws01 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(sw0, 1));
-  const __m512 ws10 = _mm512_cvtph_ps(_mm512_castsi512_si256(sw1));
-  const __m512 ws11 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(sw1, 1));
+  __m512 ws00, ws01, ws10, ws11;
+  dec.decode(p0, q00, q01, ws00, ws01);
+  dec.decode(p1, q10, q11, ws10, ws11);
   const __m512i l00 = _mm512_and_si512(q00, m), h00 = high_nibbles(q00);
   const __m512i l01 = _mm512_and_si512(q01, m), h01 = high_nibbles(q01);
   const __m512i l10 = _mm512_and_si512(q10, m), h10 = high_nibbles(q10);
@@ -813,20 +864,17 @@ __attribute__((always_inline)) inline void q4_0_group_pair(const uint8_t* p0, co
 
 // R rows of one vector at once, whole groups of 8 blocks: x's record is loaded once for the R rows;
 // each row's arithmetic is exactly q4_0_group<1>'s.
-template <int R>
-__attribute__((always_inline)) inline void q4_0_group_rows(const uint8_t* const* p, const uint8_t* x, __m512i isc,
+template <int R, class D>
+__attribute__((always_inline)) inline void q4_0_group_rows(const uint8_t* const* p, const uint8_t* x, const D& dec,
                                                            __m512* acc) {
   const __m512i x0 = ld512(x), x1 = ld512(x + 64), x2 = ld512(x + 128), x3 = ld512(x + 192);
   const __m512i o0 = ld512(x + 256), o1 = ld512(x + 320);
   const __m512 dx = _mm512_set1_ps(load_f32(x + 384));
   const __m512i m = _mm512_set1_epi8(15);
   for (int i = 0; i < R; ++i) {
-    const __m512i a = ld512(p[i]), b = ld512(p[i] + 64);
     __m512i q0, q1;
-    Q4_0::codes(p[i], q0, q1);
-    const __m512i sw = _mm512_permutex2var_epi16(a, isc, b);
-    const __m512 ws0 = _mm512_cvtph_ps(_mm512_castsi512_si256(sw));
-    const __m512 ws1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(sw, 1));
+    __m512 ws0, ws1;
+    dec.decode(p[i], q0, q1, ws0, ws1);
     const __m512i l0 = _mm512_and_si512(q0, m), h0 = high_nibbles(q0);
     const __m512i l1 = _mm512_and_si512(q1, m), h1 = high_nibbles(q1);
     const __m512i s0 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(o0, l0, x0), h0, x1);
@@ -836,10 +884,11 @@ __attribute__((always_inline)) inline void q4_0_group_rows(const uint8_t* const*
   }
 }
 
-template <int NV>
+template <int NV, class D>
 void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, float* out, int os, int prefetch) {
   const int nb = K / 32, nfull = nb / 8;
   const __m512i ic0 = Q4_0::idx_codes0(), ic1 = Q4_0::idx_codes1(), isc = Q4_0::idx_scales();
+  const D dec;
   const StreamPrefetch<> pf(W, rows_stream_bytes(ld, nrows, static_cast<size_t>(nb) * Q4_0::bytes), prefetch);
   int r = 0;
   const int side_rows = multirow(static_cast<size_t>(nb) * Q4_0::bytes, NV) ? nrows : 0;  // rows side by side
@@ -855,13 +904,13 @@ void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, f
         // the 4 rows' span read as one stream at 4 times the pace: requests stay in address order
         if (prefetch) pf.ahead_block<4 * 144>(w[0] + 4 * g * 144);
         const uint8_t* p[4] = {w[0] + g * 144, w[1] + g * 144, w[2] + g * 144, w[3] + g * 144};
-        q4_0_group_rows<4>(p, xs[0].q + static_cast<size_t>(g) * kQ4_0XGroupBytes, isc, acc);
+        q4_0_group_rows<4>(p, xs[0].q + static_cast<size_t>(g) * kQ4_0XGroupBytes, dec, acc);
       }
       if (8 * g < nb) {
         if (prefetch) pf.ahead_block<4 * 144>(w[0] + 4 * g * 144);
         for (int i = 0; i < 4; ++i) {
-          q4_0_group<1>(w[i] + g * 144, nb - 8 * g, xs, static_cast<size_t>(g) * kQ4_0XGroupBytes, ic0, ic1, isc,
-                        &acc[i]);
+          q4_0_group<1>(w[i] + g * 144, nb - 8 * g, xs, static_cast<size_t>(g) * kQ4_0XGroupBytes, dec, ic0, ic1,
+                        isc, &acc[i]);
         }
       }
       _mm_storeu_ps(out + r, rowred::hsum_x4(acc[0], acc[1], acc[2], acc[3]));
@@ -878,14 +927,14 @@ void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, f
       int g = 0;
       for (; g < nfull; ++g) {
         if (prefetch) pf.ahead_block<2 * 144>(w0 + 2 * g * 144);
-        q4_0_group_pair<NV>(w0 + g * 144, w1 + g * 144, xs, static_cast<size_t>(g) * kQ4_0XGroupBytes, isc, acc0,
+        q4_0_group_pair<NV>(w0 + g * 144, w1 + g * 144, xs, static_cast<size_t>(g) * kQ4_0XGroupBytes, dec, acc0,
                             acc1);
       }
       if (8 * g < nb) {
         if (prefetch) pf.ahead_block<2 * 144>(w0 + 2 * g * 144);
         const size_t xo = static_cast<size_t>(g) * kQ4_0XGroupBytes;
-        q4_0_group<NV>(w0 + g * 144, nb - 8 * g, xs, xo, ic0, ic1, isc, acc0);
-        q4_0_group<NV>(w1 + g * 144, nb - 8 * g, xs, xo, ic0, ic1, isc, acc1);
+        q4_0_group<NV>(w0 + g * 144, nb - 8 * g, xs, xo, dec, ic0, ic1, isc, acc0);
+        q4_0_group<NV>(w1 + g * 144, nb - 8 * g, xs, xo, dec, ic0, ic1, isc, acc1);
       }
       rowred::store_sums(acc0, NV, out + r, os);
       rowred::store_sums(acc1, NV, out + r + 1, os);
@@ -899,11 +948,12 @@ void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, f
     int g = 0;
     for (; g < nfull; ++g) {
       if (prefetch) pf.ahead_block<144>(w + g * 144);
-      q4_0_group<NV>(w + g * 144, 8, xs, static_cast<size_t>(g) * kQ4_0XGroupBytes, ic0, ic1, isc, acc);
+      q4_0_group<NV>(w + g * 144, 8, xs, static_cast<size_t>(g) * kQ4_0XGroupBytes, dec, ic0, ic1, isc, acc);
     }
     if (8 * g < nb) {
       if (prefetch) pf.ahead_block<144>(w + g * 144);
-      q4_0_group<NV>(w + g * 144, nb - 8 * g, xs, static_cast<size_t>(g) * kQ4_0XGroupBytes, ic0, ic1, isc, acc);
+      q4_0_group<NV>(w + g * 144, nb - 8 * g, xs, static_cast<size_t>(g) * kQ4_0XGroupBytes, dec, ic0, ic1, isc,
+                     acc);
     }
     rowred::store_sums(acc, NV, out + r, os);
   }
@@ -915,10 +965,12 @@ void rows_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int K, f
 // place of one per turn of a row or two (on the 2-core Zen 5 the calls' fixed costs were ~12% of a
 // step in cache; docs/benchmarks.md, twenty-eighth session). Each row's arithmetic is exactly
 // q4_0_group<1>'s and its sum rows_q4_0's, so results are those of rows_q4_0<1> bit for bit.
+template <class D>
 void gate_up_q4_0(const uint8_t* Wg, const uint8_t* Wu, size_t ld, int nrows, const Q8Ref& x, int K, float* og,
                   float* ou, int prefetch) {
   const int nb = K / 32, nfull = nb / 8;
   const __m512i ic0 = Q4_0::idx_codes0(), ic1 = Q4_0::idx_codes1(), isc = Q4_0::idx_scales();
+  const D dec;
   const size_t span = rows_stream_bytes(ld, nrows, static_cast<size_t>(nb) * Q4_0::bytes);
   const StreamPrefetch<> pg(Wg, span, prefetch), pu(Wu, span, prefetch);
   for (int r = 0; r < nrows; ++r) {
@@ -932,7 +984,7 @@ void gate_up_q4_0(const uint8_t* Wg, const uint8_t* Wu, size_t ld, int nrows, co
         pu.ahead_block<144>(u + k * 144);
       }
       const uint8_t* p[2] = {g + k * 144, u + k * 144};
-      q4_0_group_rows<2>(p, x.q + static_cast<size_t>(k) * kQ4_0XGroupBytes, isc, acc);
+      q4_0_group_rows<2>(p, x.q + static_cast<size_t>(k) * kQ4_0XGroupBytes, dec, acc);
     }
     if (8 * k < nb) {
       if (prefetch) {
@@ -940,8 +992,8 @@ void gate_up_q4_0(const uint8_t* Wg, const uint8_t* Wu, size_t ld, int nrows, co
         pu.ahead_block<144>(u + k * 144);
       }
       const size_t xo = static_cast<size_t>(k) * kQ4_0XGroupBytes;
-      q4_0_group<1>(g + k * 144, nb - 8 * k, &x, xo, ic0, ic1, isc, &acc[0]);
-      q4_0_group<1>(u + k * 144, nb - 8 * k, &x, xo, ic0, ic1, isc, &acc[1]);
+      q4_0_group<1>(g + k * 144, nb - 8 * k, &x, xo, dec, ic0, ic1, isc, &acc[0]);
+      q4_0_group<1>(u + k * 144, nb - 8 * k, &x, xo, dec, ic0, ic1, isc, &acc[1]);
     }
     og[r] = rowred::hsum(acc[0]);
     ou[r] = rowred::hsum(acc[1]);
@@ -1390,9 +1442,11 @@ template <class T>
 void q8_32(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) {
   dispatch_n(n, [&](auto nv) { rows32<T, decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
 }
+template <class D>
 void q8_q4_0(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) {
-  dispatch_n(n, [&](auto nv) { rows_q4_0<decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
+  dispatch_n(n, [&](auto nv) { rows_q4_0<decltype(nv)::value, D>(W, ld, nrows, xs, K, out, os, pf); });
 }
+
 template <class T>
 void q8_256(const uint8_t* W, size_t ld, int nrows, const Q8Ref* xs, int n, int K, float* out, int os, int pf) {
   dispatch_n(n, [&](auto nv) { rows256<T, decltype(nv)::value>(W, ld, nrows, xs, K, out, os, pf); });
@@ -1454,8 +1508,8 @@ void gate_up256(const uint8_t* Wg, const uint8_t* Wu, size_t ld, int nrows, cons
   {rows_f16_scalar, avx2::rows_f16, avx512::rows_f16, avx512::rows_f16},                           \
       {multi_scalar<rows_f16_scalar>, avx2::multi_f16, avx512::multi_f16, avx512::multi_f16}
 #define FT_GGML_Q8(R, T) vnni::R<vnni::T>
-#define FT_GGML_Q8_Q4_0 vnni::q8_q4_0
-#define FT_GGML_Q8_GATE_UP_Q4_0 vnni::gate_up_q4_0
+#define FT_GGML_Q8_Q4_0(D) vnni::q8_q4_0<vnni::D>
+#define FT_GGML_Q8_GATE_UP_Q4_0(D) vnni::gate_up_q4_0<vnni::D>
 #define FT_GGML_Q8_GATE_UP(T) vnni::gate_up256<vnni::T>
 #define FT_GGML_Q8_AVX2(T) avx2q8::q8_##T
 #else
@@ -1467,8 +1521,8 @@ void gate_up256(const uint8_t* Wg, const uint8_t* Wu, size_t ld, int nrows, cons
       {multi_scalar<rows_f16_scalar>, multi_scalar<rows_f16_scalar>, multi_scalar<rows_f16_scalar>, \
        multi_scalar<rows_f16_scalar>}
 #define FT_GGML_Q8(R, T) nullptr
-#define FT_GGML_Q8_Q4_0 nullptr
-#define FT_GGML_Q8_GATE_UP_Q4_0 nullptr
+#define FT_GGML_Q8_Q4_0(D) nullptr
+#define FT_GGML_Q8_GATE_UP_Q4_0(D) nullptr
 #define FT_GGML_Q8_GATE_UP(T) nullptr
 #define FT_GGML_Q8_AVX2(T) nullptr
 #endif  // FT_X86
@@ -1482,8 +1536,9 @@ namespace {
 // activations too.
 const TypeInfo kTypes[] = {
     {8, "Q8_0", 32, 34, FT_GGML_TIERS((rows_scalar<32, 34, deq_q8_0>), Q8_0), FT_GGML_Q8(q8_32, Q8_0), true, 32, 0, nullptr},
-    {2, "Q4_0", 32, 18, FT_GGML_TIERS((rows_scalar<32, 18, deq_q4_0>), Q4_0), FT_GGML_Q8_Q4_0, false, 256, kQ8Q4_0,
-     FT_GGML_Q8_AVX2(q4_0), 8, FT_GGML_Q8_GATE_UP_Q4_0},
+    {2, "Q4_0", 32, 18, FT_GGML_TIERS((rows_scalar<32, 18, deq_q4_0>), Q4_0), FT_GGML_Q8_Q4_0(Q4_0Dwords), false, 256,
+     kQ8Q4_0, FT_GGML_Q8_AVX2(q4_0), 8, FT_GGML_Q8_GATE_UP_Q4_0(Q4_0Dwords), FT_GGML_Q8_Q4_0(Q4_0Words),
+     FT_GGML_Q8_GATE_UP_Q4_0(Q4_0Words)},
     {30, "BF16", 1, 2, {rows_bf16<Isa::scalar>, rows_bf16<Isa::avx2>, rows_bf16<Isa::avx512>, rows_bf16<Isa::avx512>},
      {multi_bf16<Isa::scalar>, multi_bf16<Isa::avx2>, multi_bf16<Isa::avx512>, multi_bf16<Isa::avx512>}, nullptr, false,
      32, 0, nullptr},
@@ -1555,9 +1610,28 @@ GgmlMoeFormat::GgmlMoeFormat(const MoeParams& p, const Matrix& gate, const Matri
   };
   gu_q8_ = has_q8(gate.type) && has_q8(up.type) && gate.type == up.type;
   down_q8_ = has_q8(down.type);
+  // $FT_CPU_MOE_Q4_0_GATHER (auto, dwords or words), read when a layer with Q4_0 rows is made: how the
+  // avx512_bf16 tier's Q4_0 kernels gather a group's codes and scales (TypeInfo::q8_words; the same
+  // results either way). auto: words except on Intel, whose permutes all run on one port, where
+  // Zen 4 is bound by its loads (Q4_0Words).
+  const auto q4_0 = [](const TypeInfo* t) { return t->q8_words != nullptr; };
+  if (q4_0(gate.type) || q4_0(up.type) || q4_0(down.type)) {
+    const std::string v = amx::kernel_choice("FT_CPU_MOE_Q4_0_GATHER", p.isa,
+                                             {{"dwords", Isa::avx512_bf16}, {"words", Isa::avx512_bf16}},
+                                             "auto, dwords or words");
+    if (p.isa == Isa::avx512_bf16) q4_0_gather_ = v != "auto" ? v : cpu_is_intel() ? "dwords" : "words";
+  }
 }
 
-Q8Fn GgmlMoeFormat::q8_fn(const TypeInfo& t) const { return avx2_q8_ ? t.q8_avx2 : t.q8; }
+Q8Fn GgmlMoeFormat::q8_fn(const TypeInfo& t) const {
+  if (avx2_q8_) return t.q8_avx2;
+  return t.q8_words && q4_0_gather_ == "words" ? t.q8_words : t.q8;
+}
+
+Q8GateUpFn GgmlMoeFormat::q8_gate_up_fn(const TypeInfo& t) const {
+  if (avx2_q8_) return nullptr;
+  return t.q8_gate_up_words && q4_0_gather_ == "words" ? t.q8_gate_up_words : t.q8_gate_up;
+}
 
 size_t GgmlMoeFormat::xq_bytes(const TypeInfo& t, int K) const {
 #if FT_X86
@@ -1631,11 +1705,11 @@ void GgmlMoeFormat::gate_up_tokens(const TaskInput& in, int e, const int* tokens
   // one-row kernels would read them one by one): on a 2-core Zen 4, one thread in cache, q4_0's step
   // took 947 us against 1076 (gate rows, then up rows, one at a time) and gguf's 1055 against 1136
   // (docs/benchmarks.md, twenty-ninth session).
-  if (n == 1 && gu_q8_ && !avx2_q8_ && gate_.type->q8_gate_up &&
-      (t_gate_up_slice_bytes > 0 || !multirow(gate_.row_bytes, 1))) {
+  const Q8GateUpFn side_by_side = gu_q8_ ? q8_gate_up_fn(*gate_.type) : nullptr;
+  if (n == 1 && side_by_side && (t_gate_up_slice_bytes > 0 || !multirow(gate_.row_bytes, 1))) {
     const uint8_t* wg = gate_.data + e * gate_.expert_stride + i0 * gate_.row_bytes;
     const uint8_t* wu = up_.data + e * up_.expert_stride + i0 * up_.row_bytes;
-    gate_.type->q8_gate_up(wg, wu, gate_.row_bytes, rows, qs[0], H, gate, up, p_.prefetch);
+    side_by_side(wg, wu, gate_.row_bytes, rows, qs[0], H, gate, up, p_.prefetch);
   } else {
     auto part = [&](int r, int c, bool is_up) {
       mat_rows(is_up ? up_ : gate_, gu_q8_, e, i0 + r, i0 + r + c, xs, qs, n, H, (is_up ? up : gate) + r, stride);

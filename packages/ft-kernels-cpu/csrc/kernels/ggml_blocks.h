@@ -117,6 +117,11 @@ struct TypeInfo {
   Q8Fn q8_avx2;            // int8-activation kernels of the avx2 tier (VPMADDUBSW) or nullptr
   int q8_avx2_pairs = 0;   // q8_avx2 takes x as avx2_pairs.h's records with this code offset (0: kQ8Avx2K)
   Q8GateUpFn q8_gate_up = nullptr;  // q8's gate and up rows side by side (one vector), or nullptr
+  // Q4_0: q8 and q8_gate_up with the other way of gathering a group's codes and scales (ggml_blocks.cpp's
+  // Q4_0Words; q8 and q8_gate_up take Q4_0Dwords), bit for bit the same results; nullptr elsewhere.
+  // GgmlMoeFormat picks per layer ($FT_CPU_MOE_Q4_0_GATHER).
+  Q8Fn q8_words = nullptr;
+  Q8GateUpFn q8_gate_up_words = nullptr;
 };
 
 // The supported type of ggml id `id`, or nullptr.
@@ -175,6 +180,7 @@ class GgmlMoeFormat final : public MoeFormat {
   void prep_input(const TaskInput& in) override;
   size_t inter_prep_bytes() const override { return down_q8_ ? xq_bytes(*down_.type, p_.intermediate) : 0; }
   void prep_inter(const float* h, int i0, int i1, void* prepped) const override;
+  std::string kernels() const override { return q4_0_gather_; }
 
  private:
   static constexpr int kPass2Rows = 16;
@@ -184,6 +190,7 @@ class GgmlMoeFormat final : public MoeFormat {
   size_t x_stride() const { return vec_stride(xq_bytes(*gate_.type, p_.hidden)); }
   void xq_quantize(const TypeInfo& t, const float* x, int k0, int k1, int K, void* base) const;
   Q8Fn q8_fn(const TypeInfo& t) const;  // the tier's int8 kernels of type t
+  Q8GateUpFn q8_gate_up_fn(const TypeInfo& t) const;  // their gate and up rows side by side, or nullptr
   // Rows [i0, i1) of one matrix of expert e times n vectors (float or Q8), into out[j * os + r].
   void mat_rows(const Matrix& m, bool q8, int e, int r0, int r1, const float* const* xs, const Q8Ref* qs, int n,
                 int K, float* out, int os) const;
@@ -191,6 +198,9 @@ class GgmlMoeFormat final : public MoeFormat {
   Matrix gate_, up_, down_;
   bool gu_q8_ = false, down_q8_ = false;  // the int8 paths (types with a q8 kernel in this tier)
   bool avx2_q8_ = false;                  // the avx2 tier (q8_avx2 kernels; kQ8Avx2K x for K-quants)
+  // The avx512_bf16 tier's Q4_0 kernels, "dwords" or "words" ($FT_CPU_MOE_Q4_0_GATHER), for a layer with
+  // Q4_0 rows in that tier; "" otherwise (kernels()).
+  std::string q4_0_gather_;
   // prep_input: the tokens' Q8 vectors of x, from a cache-line boundary (x_stride() is whole lines), so
   // that the kernels' 64-byte loads of x never straddle two lines (a std::vector's bytes start at any
   // 16-byte boundary; no step time changed on the 2-core Zen 4, docs/benchmarks.md, thirty-first session)
