@@ -39,12 +39,14 @@ def tier_fixture(env_name: str, variants: list[Variant]):
 
 
 def multirow_tier_fixture():
-    """A tier fixture for the formats with 4-row one-vector kernels (q4_0, gguf, nvfp4): every tier,
-    and avx512_bf16 once more with FT_CPU_MOE_MULTIROW_BYTES=0, so that those kernels read 4 rows side by
-    side at every row length (by default only rows of 1024 bytes or more do, longer than most test
-    shapes' rows)."""
+    """A tier fixture for the formats with 4-row one-vector kernels (nvfp4): every tier, and
+    avx512_bf16 twice more, with FT_CPU_MOE_MULTIROW_BYTES=0 and =1048576, so that those kernels read
+    4 rows side by side at every row length, and never (by default it depends on the CPU and the
+    format: nvfp4 reads 4 rows at every length where the software prefetch is on, unless the variable
+    is set)."""
     tiers = fk.isa_tiers()
-    variants = [(t, "", "") for t in tiers] + [("avx512_bf16", "0", "")] * ("avx512_bf16" in tiers)
+    extra = [("avx512_bf16", "0", ""), ("avx512_bf16", "1048576", "")]
+    variants = [(t, "", "") for t in tiers] + extra * ("avx512_bf16" in tiers)
     return tier_fixture("FT_CPU_MOE_MULTIROW_BYTES", variants)
 
 

@@ -355,7 +355,9 @@ static int env_bytes(const char* name, int fallback, const char* meaning) {
 //   bytes, nvfp4's of 1024) go one at a time and fp8_block's rows of 2 KiB keep their 2-row kernels.
 //   On a 2-core Zen 4 the 4-row one-vector kernels ran q4_0's step in cache at 1206 us against 858 one
 //   row at a time, gguf's 1738 against 1159 and nvfp4's 1527 against 970, and from DRAM (2 threads)
-//   1106 / 1459 / 1091 against 759 / 728 / 760 (twenty-ninth session).
+//   1106 / 1459 / 1091 against 759 / 728 / 760 (twenty-ninth session). nvfp4 overrides it where the
+//   variable is unset (MoeParams::multirow_explicit; nvfp4.cpp's rows4_one_): re-measured in the
+//   thirty-second session, its 4 rows beat its one row at a time on that Zen 4.
 // - AMD's Zen 5 and later: 2048 for several vectors too; the int8 formats' 2-row kernels of several
 //   vectors read rows of 1-2 KiB slower than one at a time there (2 threads, batch 8 sharing its
 //   experts: q4_0 x0.904, nvfp4 x0.886; fp8_block's rows of 2 KiB x1.67 with theirs; twenty-seventh
@@ -473,6 +475,7 @@ MoeExecutor::MoeExecutor(int hidden, int top_k, int max_tokens, int num_threads,
   parse_unit_rows(&unit_rows1_, &unit_rows2_);
   chain_streams_ = parse_chain();
   parse_multirow_bytes(&multirow_min_bytes_, &multirow_several_min_bytes_);
+  multirow_explicit_ = env_set("FT_CPU_MOE_MULTIROW_BYTES");
   gate_up_slice_bytes_ = parse_gate_up_slice_bytes();
   job_->links = std::make_unique<MoeJob::Links[]>(pool_.num_threads());
   if (hidden <= 0) throw Error("hidden must be > 0, got " + std::to_string(hidden));
@@ -519,6 +522,7 @@ void MoeExecutor::add_layer(int layer, const std::string& format, int num_expert
   L.params.router_weight_on_input = router_weight_on_input;
   L.params.prefetch = prefetch_;
   L.params.prefetch_explicit = prefetch_explicit_;
+  L.params.multirow_explicit = multirow_explicit_;
   FormatArgs args("layer " + std::to_string(layer) + " (" + format + ")", std::move(banks), std::move(options));
   L.act.kind = activation_from_name(activation);
   if (L.act.kind == Activation::swigluoai) {

@@ -108,6 +108,7 @@ class MoeExecutor {
   bool chain_streams_ = true;            // $FT_CPU_MOE_CHAIN (stream_prefetch.h's StreamChain)
   int multirow_min_bytes_ = 0;           // $FT_CPU_MOE_MULTIROW_BYTES (stream_prefetch.h's multirow)
   int multirow_several_min_bytes_ = 0;   // its second value (calls of several vectors)
+  bool multirow_explicit_ = false;       // $FT_CPU_MOE_MULTIROW_BYTES set (MoeParams::multirow_explicit)
   int gate_up_slice_bytes_ = 0;          // $FT_CPU_MOE_GATE_UP_SLICE (stream_prefetch.h's gate_up_slices)
   WorkerPool pool_;
   std::map<int, Layer> layers_;

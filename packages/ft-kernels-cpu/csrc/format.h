@@ -63,6 +63,10 @@ struct MoeParams {
   // True when prefetch was set by the caller (prefetch_bytes / FT_CPU_MOE_PREFETCH); false when it is
   // the executor's default, which a format may replace with its own measured one (prefetch_bytes).
   bool prefetch_explicit = false;
+  // True when $FT_CPU_MOE_MULTIROW_BYTES is set: every kernel then reads rows side by side as
+  // multirow() says (stream_prefetch.h); false when its thresholds are the vendor's defaults, which a
+  // format may override where it measured otherwise (nvfp4's one-vector rows).
+  bool multirow_explicit = false;
 };
 
 // The task's hidden states as the executor prepared them before pass 1.

@@ -700,8 +700,9 @@ inline __m512 f16_bcast(const uint8_t* p) { return _mm512_set1_ps(_cvtsh_ss(load
 // is the order of x's lo and hi halves): by dwords from four unaligned loads (Q4_0::codes; Q4_0Dwords
 // below), or by words from three loads (Q4_0Words, and masked ones for a last, partial group). The
 // 8 fp16 scales are gathered from the group's first 128 bytes and converted to fp32, each on its
-// block's 4 lanes. Per 4 blocks and vector: two VPDPBUSD into int32 lanes that start at the precomputed -8 * (sum of the lane's x
-// codes), one conversion, one FMA by the scales; the group's sum is multiplied by dx at its end.
+// block's 4 lanes. Per 4 blocks and vector: two VPDPBUSD into int32 lanes that start at the
+// precomputed -8 * (sum of the lane's x codes), one conversion, one FMA by the scales; the group's
+// sum is multiplied by dx at its end.
 struct Q4_0 {
   static constexpr int elems = 32, bytes = 18;
   // Word permute indices (vpermt2w: 0..31 the first table, 32..63 the second).

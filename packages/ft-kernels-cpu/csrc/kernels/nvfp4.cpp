@@ -472,8 +472,10 @@ struct Nvfp4Pairs {
 // (global scale per row) all point at the first row; out[j * os + r]. Vectors: fp32 in natural order
 // (scalar), q8nv records (avx2 with K a multiple of 32), fp32 in even/odd chunk order (avx2, avx512),
 // VNNI chunks (avx512_bf16).
+// rows4_one: one vector reads 4 rows side by side at every row length (avx512_bf16, K a multiple of
+// 256), not only from multirow()'s bytes.
 void nvfp4_rows(Isa isa, const uint8_t* W, const uint8_t* SC, const float* G, int nrows, const void* const* xs,
-                int n, int K, float* out, int os, int prefetch) {
+                int n, int K, float* out, int os, int prefetch, bool rows4_one) {
   const size_t ldw = static_cast<size_t>(K) / 2, lds = static_cast<size_t>(K) / 16;
 #if FT_X86
 #if FT_X86
@@ -490,7 +492,8 @@ void nvfp4_rows(Isa isa, const uint8_t* W, const uint8_t* SC, const float* G, in
   if (isa != Isa::scalar) {
     const Prefetch pf(W, nrows * ldw, prefetch);
     int r = 0;
-    if (isa == Isa::avx512_bf16 && n == 1 && K % 256 == 0 && multirow(static_cast<size_t>(K) / 2, 1)) {
+    const bool rows4 = rows4_one || multirow(static_cast<size_t>(K) / 2, 1);
+    if (isa == Isa::avx512_bf16 && n == 1 && K % 256 == 0 && rows4) {
       const uint8_t* xq = static_cast<const uint8_t*>(xs[0]);
       for (; r + 4 <= nrows; r += 4) nvfp4_rows4_vnni(W + r * ldw, SC + r * lds, G + r, ldw, lds, xq, K, out + r, pf);
     }
@@ -602,7 +605,7 @@ class Nvfp4Format final : public MoeFormat {
     auto part = [&](int r, int c, bool is_up) {
       const size_t row = (is_up ? row_u : row_g) + r;
       nvfp4_rows(p_.isa, w13_ + row * (H / 2), s13_ + row * (H / 16), g13_ + row, c, xs, n, K,
-                 (is_up ? up : gate) + r, stride, pf_);
+                 (is_up ? up : gate) + r, stride, pf_, rows4_one_);
     };
     gate_up_slices(rows, H / 2, n, part);  // one vector: gate and up in turns (stream_prefetch.h)
     const float* bg = b13_ ? b13_ + row_g : nullptr;
@@ -644,7 +647,7 @@ class Nvfp4Format final : public MoeFormat {
     const void* hs[fp8nv::kMaxVectors];
     for (int j = 0; j < n; ++j) hs[j] = permuted() ? routes[j].h_prepped : static_cast<const void*>(routes[j].h);
     nvfp4_rows(p_.isa, w2_ + row * (I / 2), s2_ + row * (I / 16), g2_ + row, rows, hs, n, p_.intermediate, out,
-               stride, pf_);
+               stride, pf_, rows4_one_);
     if (b2_) {
       for (int j = 0; j < n; ++j) {
         for (int i = 0; i < rows; ++i) out[j * stride + i] += b2_[row + i];
@@ -665,6 +668,14 @@ class Nvfp4Format final : public MoeFormat {
 
   MoeParams p_;
   int pf_ = p_.prefetch;  // after p_ (declaration order)
+  // One vector: 4 rows side by side (nvfp4_rows4_vnni) at every row length wherever the software
+  // prefetch is on, unless $FT_CPU_MOE_MULTIROW_BYTES says otherwise. The vendor default of AMD
+  // before Zen 5 (rows of 2 KiB or more) suits the ggml formats, whose alternative is gate and up
+  // rows side by side; nvfp4's alternative is one row at a time, which on the 2-core Zen 4 was the
+  // slower (one thread: 984 -> 935 us a step from DRAM, 917 -> 816 from a 20 MiB pool; two threads
+  // in cache 473 -> 405; docs/benchmarks.md, thirty-second session). Without software prefetch
+  // (Zen 5's default) the hardware prefetchers do not follow 4 interleaved rows (stream_prefetch.h).
+  bool rows4_one_ = !p_.multirow_explicit && p_.prefetch > 0;
   const uint8_t* w13_;
   const uint8_t* s13_;
   const float* g13_;
