@@ -258,6 +258,25 @@ def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
     assert_bits_do_not_depend_on_thread_count(isa, "mxfp4", banks, x, ids, w, num_experts=E, intermediate=I)
 
 
+@pytest.mark.skipif("avx512_bf16" not in TIERS, reason="no avx512_bf16 tier here")
+def test_rows_side_by_side_give_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One vector's int8 rows 4 at a time (fp4_kernels.cpp's dot_rows_q8_x4: by default on AMD for rows
+    # of K < 1024 that end in a partial group of 16 blocks) or one at a time: the same bits, rows of
+    # a partial group (K = 608, 544) and of whole groups (K = 1024), with a remainder of rows (I = 544
+    # rows of down in units of 64; 8 experts of 4 routes give calls of one vector).
+    monkeypatch.setenv("FT_CPU_MOE_MXFP4_KERNELS", "steps")
+    for H, I in ((608, 544), (1024, 96)):
+        rng = np.random.default_rng([H, I])
+        E, top_k, T = 8, 4, 1
+        banks = make_layer(rng, E, H, I)
+        x, ids, w = random_inputs(rng, T, H, top_k, E)
+        ys = []
+        for multirow in ("0", "1048576"):
+            monkeypatch.setenv("FT_CPU_MOE_MULTIROW_BYTES", multirow)
+            ys.append(run_layer("avx512_bf16", banks, x, ids, w, E, I).view(np.uint16).copy())
+        np.testing.assert_array_equal(ys[0], ys[1])
+
+
 def test_prefetch_never_changes_results() -> None:
     rng = np.random.default_rng(4)
     E, H, I, top_k, T = 4, 160, 96, 2, 3

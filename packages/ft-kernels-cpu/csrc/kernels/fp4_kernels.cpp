@@ -10,6 +10,7 @@
 #include "fp4_common.h"
 #include "int8_codes.h"
 #include "reduce_n.h"
+#include "row_reduce.h"
 #include "stream_prefetch.h"
 
 namespace ft {
@@ -445,6 +446,65 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8(const uint8_t* W, const uint8_t* S, int n
       out[j * os + r] = _mm512_reduce_add_ps(kTwoSets ? _mm512_add_ps(a0[j], second[j]) : a0[j]);
     }
   }
+}
+
+// The step of 4 blocks at block bu of 4 rows (W: the first, ldw bytes apart; nb blocks a row) against
+// x's step record at xo, into acc[i]; sx[i]: row i's group scales times dx, idx picks the step's.
+// Each row's arithmetic is step_q8<1>'s.
+FT_TARGET_AVX512_BF16 inline void step_q8_x4(const uint8_t* W, size_t ldw, int nb, int bu, __m512i idx,
+                                             const __m512* sx, const uint8_t* x, size_t xo, __m512i lut,
+                                             __m512* acc, const Streams& pf) {
+  const __m512i xl = _mm512_loadu_si512(x + xo), xh = _mm512_loadu_si512(x + xo + 64);
+  const __m512i start = _mm512_loadu_si512(x + xo + 128);
+  if (pf.w.dist) {  // the 4 rows' span read as one stream at 4 times the pace (address order)
+    for (int i = 0; i < 4; ++i) pf.w.ahead(W + 4 * 16 * static_cast<size_t>(bu) + 64 * i);
+  }
+  #pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    const __m512i wv = load_blocks(W + i * ldw + 16 * bu, nb - bu);
+    const __m512i lo = _mm512_permutexvar_epi8(wv, lut);
+    const __m512i hi = _mm512_permutexvar_epi8(_mm512_srli_epi16(wv, 4), lut);
+    const __m512i d = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(start, lo, xl), hi, xh);
+    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_permutexvar_ps(idx, sx[i]), acc[i]);
+  }
+}
+
+// 4 consecutive rows against one vector, step by step (q8_rows4): the 4 rows take each of a step's 3
+// loads of x once, run 8 independent chains and end in one transposed reduction (row_reduce.h). Each
+// row's arithmetic is exactly dot_rows_q8<1>'s (the same two accumulators, steps in the same order,
+// the same addition tree), so a row's bits do not depend on whether it ran here.
+FT_TARGET_AVX512_BF16 void dot_rows_q8_x4(const uint8_t* W, const uint8_t* S, const uint8_t* x, int K, float* out,
+                                          const Streams& pf) {
+  const __m512i lut = e2m1_u8_table();
+  const __m512i idx[4] = {scale_index(0), scale_index(1), scale_index(2), scale_index(3)};
+  const int nb = K / 32;
+  const size_t ldw = static_cast<size_t>(K) / 2;
+  const uint8_t* const xs[1] = {x};
+  __m512 a0[4], a1[4], sx[4];
+  #pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) a0[i] = a1[i] = _mm512_setzero_ps();
+  if (pf.s.dist) {
+    for (int i = 0; i < 4; ++i) pf.s.ahead(S + i * nb);
+  }
+  int b = 0;
+  for (; b + 16 <= nb; b += 16) {
+    #pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) q8_group_scales<1>(S + i * nb, b, nb, xs, &sx[i]);
+    const size_t xo = static_cast<size_t>(b / 16) * kQ8GroupBytes;
+    for (int u = 0; u < 4; u += 2) {
+      step_q8_x4(W, ldw, nb, b + 4 * u, idx[u], sx, x, xo + u * kQ8StepBytes, lut, a0, pf);
+      step_q8_x4(W, ldw, nb, b + 4 * (u + 1), idx[u + 1], sx, x, xo + (u + 1) * kQ8StepBytes, lut, a1, pf);
+    }
+  }
+  if (b < nb) {
+    #pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) q8_group_scales<1>(S + i * nb, b, nb, xs, &sx[i]);
+    for (int u = 0; b + 4 * u < nb; ++u) {
+      step_q8_x4(W, ldw, nb, b + 4 * u, idx[u], sx, x, q8_step_offset((b + 4 * u) / 4), lut, a0, pf);
+    }
+  }
+  _mm_storeu_ps(out, rowred::hsum_x4(_mm512_add_ps(a0[0], a1[0]), _mm512_add_ps(a0[1], a1[1]),
+                                     _mm512_add_ps(a0[2], a1[2]), _mm512_add_ps(a0[3], a1[3])));
 }
 
 // ---- int8 activations in group records (q8g_*, fp4_common.h) ----
@@ -978,14 +1038,26 @@ void q8a_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const voi
 #endif
 }
 
+Rows4 q8_rows4(int K, int prefetch, bool multirow_explicit) {
+  if (multirow_explicit) return kRows4Multirow;
+  static const bool intel = cpu_is_intel();
+  return !intel && prefetch > 0 && K < 1024 && K % 512 != 0 ? kRows4Always : kRows4Never;
+}
+
 void q8_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
-                       float* out, int os, int prefetch) {
+                       float* out, int os, int prefetch, Rows4 rows4) {
 #if FT_X86
   q8_call(W, S, nrows, xs, n, K, prefetch, [&](auto nv, const uint8_t* const* xq, const Streams& pf) {
-    dot_rows_q8<decltype(nv)::value>(W, S, nrows, xq, K, out, os, pf);
+    constexpr int NV = decltype(nv)::value;
+    const size_t ldw = static_cast<size_t>(K) / 2, lds = static_cast<size_t>(K) / 32;
+    int r = 0;
+    if (NV == 1 && (rows4 == kRows4Always || (rows4 == kRows4Multirow && multirow(ldw, 1)))) {
+      for (; r + 4 <= nrows; r += 4) dot_rows_q8_x4(W + r * ldw, S + r * lds, xq[0], K, out + r, pf);
+    }
+    if (r < nrows) dot_rows_q8<NV>(W + r * ldw, S + r * lds, nrows - r, xq, K, out + r, os, pf);
   });
 #else
-  (void)W, (void)S, (void)nrows, (void)xs, (void)n, (void)K, (void)out, (void)os, (void)prefetch;
+  (void)W, (void)S, (void)nrows, (void)xs, (void)n, (void)K, (void)out, (void)os, (void)prefetch, (void)rows4;
   throw Error("fp4 int8 kernels need x86 (AVX512-VNNI)");
 #endif
 }
