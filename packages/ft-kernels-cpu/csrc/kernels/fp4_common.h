@@ -97,13 +97,13 @@ enum Rows4 : int { kRows4Never = 0, kRows4Always = 1, kRows4Multirow = 2 };
 void q8_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
                        float* out, int os, int prefetch, Rows4 rows4 = kRows4Never);
 // q8_dot_rows_multi's rows4 for rows of K elements in a layer of prefetch distance `prefetch`:
-// kRows4Multirow where $FT_CPU_MOE_MULTIROW_BYTES is set (multirow_explicit), else on AMD
-// kRows4Always for rows of fewer than 32 blocks that end in a partial group of 16 (K % 512 != 0: the
-// down rows of Qwen3-30B-A3B, K = 768, and Gemma 4 26B-A4B, K = 704) wherever the software prefetch
-// is on, and kRows4Never elsewhere (Intel: not measured). On the
-// 2-core Zen 4, one thread, their pass 2 took 362 -> 324 us (mxfp4) and 355 -> 314 (ds_fp4) from
-// DRAM, 499 -> 442 for Gemma's; two threads in cache 174 -> 152. Rows without a partial group lost:
-// K = 512 220 -> 228 us, K = 2048 and 2880 5-7% (docs/benchmarks.md, thirty-second session).
+// kRows4Multirow where $FT_CPU_MOE_MULTIROW_BYTES is set (multirow_explicit); else, on AMD with the
+// software prefetch on, kRows4Always for rows of fewer than 32 blocks that end in a partial group of
+// 16 (K % 512 != 0: the down rows of Qwen3-30B-A3B, K = 768, and Gemma 4 26B-A4B, K = 704), and
+// kRows4Never otherwise (Intel: not measured). On the 2-core Zen 4, one thread, their pass 2 took
+// 362 -> 324 us (mxfp4) and 355 -> 314 (ds_fp4) from DRAM, 499 -> 442 for Gemma's; two threads in
+// cache 174 -> 152. Rows without a partial group lost: K = 512 220 -> 228 us, K = 2048 and 2880 4-7%
+// (docs/benchmarks.md, thirty-second session).
 Rows4 q8_rows4(int K, int prefetch, bool multirow_explicit);
 
 // The same int8 activations in group records (q8g_*: mxfp4's calls of several vectors, and of one
