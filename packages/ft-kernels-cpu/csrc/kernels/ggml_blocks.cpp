@@ -1621,17 +1621,18 @@ GgmlMoeFormat::GgmlMoeFormat(const MoeParams& p, const Matrix& gate, const Matri
                                              {{"dwords", Isa::avx512_bf16}, {"words", Isa::avx512_bf16}},
                                              "auto, dwords or words");
     if (p.isa == Isa::avx512_bf16) q4_0_gather_ = v != "auto" ? v : cpu_is_intel() ? "dwords" : "words";
+    q4_0_words_ = q4_0_gather_ == "words";
   }
 }
 
 Q8Fn GgmlMoeFormat::q8_fn(const TypeInfo& t) const {
   if (avx2_q8_) return t.q8_avx2;
-  return t.q8_words && q4_0_gather_ == "words" ? t.q8_words : t.q8;
+  return t.q8_words && q4_0_words_ ? t.q8_words : t.q8;
 }
 
 Q8GateUpFn GgmlMoeFormat::q8_gate_up_fn(const TypeInfo& t) const {
   if (avx2_q8_) return nullptr;
-  return t.q8_gate_up_words && q4_0_gather_ == "words" ? t.q8_gate_up_words : t.q8_gate_up;
+  return t.q8_gate_up_words && q4_0_words_ ? t.q8_gate_up_words : t.q8_gate_up;
 }
 
 size_t GgmlMoeFormat::xq_bytes(const TypeInfo& t, int K) const {

@@ -201,6 +201,7 @@ class GgmlMoeFormat final : public MoeFormat {
   // The avx512_bf16 tier's Q4_0 kernels, "dwords" or "words" ($FT_CPU_MOE_Q4_0_GATHER), for a layer with
   // Q4_0 rows in that tier; "" otherwise (kernels()).
   std::string q4_0_gather_;
+  bool q4_0_words_ = false;  // q4_0_gather_ is "words" (read at every kernel call)
   // prep_input: the tokens' Q8 vectors of x, from a cache-line boundary (x_stride() is whole lines), so
   // that the kernels' 64-byte loads of x never straddle two lines (a std::vector's bytes start at any
   // 16-byte boundary; no step time changed on the 2-core Zen 4, docs/benchmarks.md, thirty-first session)
