@@ -401,6 +401,28 @@ FT_TARGET_AVX512_BF16 inline void q8_group_scales(const uint8_t* s, int b, int n
   for (int j = 0; j < NV; ++j) sx[j] = _mm512_mul_ps(sf, _mm512_loadu_ps(xs[j] + dxo));
 }
 
+// Steps U .. 3 of a row's last group, which holds `left` (1 .. 15) of its blocks at w, into acc in
+// order, unrolled: each step's scale index a constant, and a whole step's block count too. As a
+// loop (a runtime index into idx, a runtime count for every step's load) they took a row of K = 768
+// (a group and a half) as long as one of K = 1024 from L2 on one Zen 4 core: 23.6 GB/s against 26.0
+// unrolled (tools/row_stream_probe.cpp; docs/benchmarks.md, thirty-third session).
+template <int NV, int U>
+FT_TARGET_AVX512_BF16 inline void q8_last_steps(const uint8_t* w, int left, const __m512* sx, const __m512i* idx,
+                                                const uint8_t* const* xs, size_t xo, __m512i lut, __m512* acc,
+                                                const Streams& pf) {
+  if constexpr (U < 4) {
+    if (left <= 4 * U) return;
+    const uint8_t* wp = w + 64 * U;
+    if (pf.w.dist) pf.w.ahead(wp);
+    if (left >= 4 * U + 4) {
+      step_q8<NV>(wp, 4, sx, idx[U], xs, xo + U * kQ8StepBytes, lut, acc);
+    } else {
+      step_q8<NV>(wp, left - 4 * U, sx, idx[U], xs, xo + U * kQ8StepBytes, lut, acc);
+    }
+    q8_last_steps<NV, U + 1>(w, left, sx, idx, xs, xo, lut, acc, pf);
+  }
+}
+
 template <int NV>
 FT_TARGET_AVX512_BF16 void dot_rows_q8(const uint8_t* W, const uint8_t* S, int nrows, const uint8_t* const* xs,
                                        int K, float* out, int os, const Streams& pf) {
@@ -435,12 +457,9 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8(const uint8_t* W, const uint8_t* S, int n
       }
     }
     if (b < nb) {
+      // The row's last group, partial (1 .. 15 blocks): its steps unrolled (q8_last_steps).
       q8_group_scales<NV>(s, b, nb, xs, sx);
-      for (int u = 0; b + 4 * u < nb; ++u) {
-        const int bu = b + 4 * u;
-        if (pf.w.dist) pf.w.ahead(w + 16 * bu);
-        step_q8<NV>(w + 16 * bu, nb - bu, sx, idx[u], xs, q8_step_offset(bu / 4), lut, a0);
-      }
+      q8_last_steps<NV, 0>(w + 16 * b, nb - b, sx, idx, xs, static_cast<size_t>(b / 16) * kQ8GroupBytes, lut, a0, pf);
     }
     for (int j = 0; j < NV; ++j) {
       out[j * os + r] = _mm512_reduce_add_ps(kTwoSets ? _mm512_add_ps(a0[j], second[j]) : a0[j]);
