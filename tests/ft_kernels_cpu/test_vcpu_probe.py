@@ -2,6 +2,7 @@
 
 It builds with the flags the other probes' tests use (warnings as errors) and runs small here. The
 checks are on what it reports, not on this machine's speed:
+- the CPU family and model as /proc/cpuinfo gives them (where it does);
 - a clock and an SMT line for every vCPU the process may run on;
 - clocks that are positive, with each vCPU's fastest window at least as fast as its median one;
 - on AVX-512 int8 CPUs, every 512-bit rate line, each above 0.05 and below 8 a cycle. Chains the
@@ -52,6 +53,11 @@ def test_vcpu_probe_reports_every_vcpu(probe: Path) -> None:
     cpus = sorted(os.sched_getaffinity(0))
     assert f"vcpus {len(cpus)}\n" in out, out
     assert float(re.search(r"^tsc_ghz ([\d.]+)$", out, re.M).group(1)) > 0.1, out
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    family = re.search(r"^cpu family\s*: (\d+)$", cpuinfo, re.M)
+    model = re.search(r"^model\s*: (\d+)$", cpuinfo, re.M)
+    if family and model:  # the kernel's own reading of CPUID
+        assert f"cpu family {family.group(1)} model {model.group(1)}\n" in out, out
     for kind in ("alone", "busy"):
         clocks = re.findall(rf"^clock {kind} cpu (\d+): ([\d.]+) / ([\d.]+)$", out, re.M)
         assert [int(c) for c, _, _ in clocks] == cpus, out

@@ -10,7 +10,7 @@
 //   /tmp/vcpu_probe [windows, default 200]
 //
 // Output, one fact a line:
-//   vcpus N; tsc_ghz G
+//   vcpus N; cpu family F model M (CPUID's display values); tsc_ghz G
 //   clock alone|busy cpu C: A / B   core cycles per TSC tick: a chain of dependent adds (one a cycle)
 //                                   timed in windows of 100k; A from the fastest window (the clock),
 //                                   B from the median one (below A: the vCPU did not run all the time)
@@ -34,6 +34,7 @@
 // GCC 12's AVX-512 intrinsics pass _mm512_undefined_*() as the merge source of their unmasked forms,
 // which -Wmaybe-uninitialized reports at every use; the tests build this file with -Werror.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <cpuid.h>
 #include <immintrin.h>
 #include <pthread.h>
 #include <sched.h>
@@ -175,6 +176,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::printf("vcpus %zu\n", cpus.size());
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx)) {  // display family and model, as /proc/cpuinfo gives them
+    const unsigned family = (eax >> 8 & 0xf) + ((eax >> 8 & 0xf) == 0xf ? (eax >> 20 & 0xff) : 0);
+    const unsigned model = (eax >> 4 & 0xf) | ((family == 6 || family >= 15) ? (eax >> 12 & 0xf0) : 0);
+    std::printf("cpu family %u model %u\n", family, model);
+  }
   {
     const auto c0 = Clock::now();
     const uint64_t t0 = __rdtsc();
