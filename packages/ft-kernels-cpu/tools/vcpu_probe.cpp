@@ -15,8 +15,11 @@
 //                                   timed in windows of 100k; A from the fastest window (the clock),
 //                                   B from the median one (below A: the vCPU did not run all the time)
 //   smt cpu 0 + cpu K: R            VPADDD (any of the vector ALUs) on vCPU 0 beside the same loop on
-//                                   vCPU K, over its rate alone: ~1 for separate cores, ~0.5 for one
-//                                   core's two threads (AVX2 loop where there is no AVX-512)
+//                                   vCPU K, over its rate alone: ~1 for separate cores, ~0.5 where the
+//                                   two share one core (SMT siblings the VM does not show; the 2-core
+//                                   dev box's two vCPUs did at times, their clock windows both at
+//                                   half), in between where the host runs other work on them (AVX2
+//                                   loop where there is no AVX-512)
 //   rate OP: X                      512-bit OPs retired a cycle on vCPU 0, 12 independent chains
 //                                   (AVX-512 VNNI, VBMI and GFNI CPUs only)
 // Exit status 2 on a machine that is not x86-64.
