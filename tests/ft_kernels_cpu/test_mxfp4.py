@@ -260,13 +260,13 @@ def test_bits_do_not_depend_on_thread_count(isa: str) -> None:
 
 @pytest.mark.skipif("avx512_bf16" not in TIERS, reason="no avx512_bf16 tier here")
 def test_rows_side_by_side_give_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:
-    # One vector's int8 rows 4 at a time (fp4_kernels.cpp's dot_rows_q8_x4: by default on AMD for rows
-    # of K < 1024 that end in a partial group of 16 blocks) or one at a time: the same bits, rows of
-    # a partial group (K = 608, 544, 160) and of whole groups (K = 1024), with a remainder of rows
-    # (I = 544 rows of down in units of 64; 8 experts of 4 routes give calls of one vector). The
-    # partial groups' steps (q8_last_steps, q8_x4_last_steps): none whole and one partial (K = 608:
-    # 3 blocks; 544: 1), one whole and one partial (704: 6 blocks; 160: 5), two whole (768: 8), three
-    # whole and one partial (992: 15).
+    # One vector's int8 rows 4 at a time (fp4_kernels.cpp's dot_rows_q8_x4, where
+    # FT_CPU_MOE_MULTIROW_BYTES says) or one at a time (the default): the same bits, rows of a partial
+    # group (K = 608, 544, 160) and of whole groups (K = 1024), with a remainder of rows (I = 544 rows
+    # of down in units of 64; 8 experts of 4 routes give calls of one vector). The partial groups'
+    # steps (dot_rows_q8's q8_last_steps, unrolled; dot_rows_q8_x4's loop): none whole and one partial
+    # (K = 608: 3 blocks; 544: 1), one whole and one partial (704: 6 blocks; 160: 5), two whole (768:
+    # 8), three whole and one partial (992: 15).
     monkeypatch.setenv("FT_CPU_MOE_MXFP4_KERNELS", "steps")
     for H, I in ((608, 544), (1024, 96), (704, 768), (992, 160)):
         rng = np.random.default_rng([H, I])

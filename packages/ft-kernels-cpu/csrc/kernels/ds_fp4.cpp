@@ -246,7 +246,7 @@ class DsFp4Format final : public MoeFormat {
       case Layout::int8: dsfp4::int8_dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_); return;
       case Layout::q8:
         if (n == 1 || !groups_) {
-          fp4::q8_dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_, fp4::q8_rows4(K, pf_, p_.multirow_explicit));
+          fp4::q8_dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_, p_.multirow_explicit);
         } else {
           const void* xg[kMaxTokensPerCall];
           for (int j = 0; j < n; ++j) xg[j] = static_cast<const char*>(xs[j]) + fp4::q8_vec_bytes(K);

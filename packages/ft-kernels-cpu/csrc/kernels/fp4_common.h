@@ -91,20 +91,16 @@ constexpr size_t q8_step_offset(size_t s) { return s / 4 * kQ8GroupBytes + s % 4
 size_t q8_vec_bytes(int K);
 void q8_prep_vec(const float* v, int i0, int i1, int K, void* out);
 // out[j * os + r] = W[r] . dequant(xs[j]) for n <= kMaxVectors int8 vectors (each block decoded once).
-// rows4: whether one vector reads 4 rows side by side (the same bits either way): kRows4Multirow as
-// stream_prefetch.h's multirow() says at the call, kRows4Always, or kRows4Never (q8_rows4).
-enum Rows4 : int { kRows4Never = 0, kRows4Always = 1, kRows4Multirow = 2 };
+// by_multirow: one vector reads 4 rows side by side (dot_rows_q8_x4, the same bits) where
+// stream_prefetch.h's multirow() says so at the call; else, the default, one row at a time. The
+// formats pass MoeParams::multirow_explicit ($FT_CPU_MOE_MULTIROW_BYTES set). The thirty-second
+// session took rows of K < 1024 with a partial last group 4 at a time on AMD by default (Qwen3-30B-A3B's
+// down rows, K = 768: pass 2 362 -> 324 us a step at one thread on the 2-core Zen 4). What made them
+// slow one at a time was that group's loop; with it unrolled (q8_last_steps) one row at a time ran as
+// fast (thirty-third session, alternating runs: pass 2 over pass 1 0.623 against 0.625 at one thread,
+// 0.726 against 0.664 at two from a 20 MiB pool), so that special case went (docs/benchmarks.md).
 void q8_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
-                       float* out, int os, int prefetch, Rows4 rows4 = kRows4Never);
-// q8_dot_rows_multi's rows4 for rows of K elements in a layer of prefetch distance `prefetch`:
-// kRows4Multirow where $FT_CPU_MOE_MULTIROW_BYTES is set (multirow_explicit); else, on AMD with the
-// software prefetch on, kRows4Always for rows of fewer than 32 blocks that end in a partial group of
-// 16 (K % 512 != 0: the down rows of Qwen3-30B-A3B, K = 768, and Gemma 4 26B-A4B, K = 704), and
-// kRows4Never otherwise (Intel: not measured). On the 2-core Zen 4, one thread, their pass 2 took
-// 362 -> 324 us (mxfp4) and 355 -> 314 (ds_fp4) from DRAM, 499 -> 442 for Gemma's; two threads in
-// cache 174 -> 152. Rows without a partial group lost: K = 512 220 -> 228 us, K = 2048 and 2880 4-7%
-// (docs/benchmarks.md, thirty-second session).
-Rows4 q8_rows4(int K, int prefetch, bool multirow_explicit);
+                       float* out, int os, int prefetch, bool by_multirow = false);
 
 // The same int8 activations in group records (q8g_*: mxfp4's calls of several vectors, and of one
 // with FT_CPU_MOE_MXFP4_KERNELS=groups): a vector of K elements as groups of 512 (16 blocks of 32 in

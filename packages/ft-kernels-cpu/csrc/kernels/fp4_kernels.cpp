@@ -488,7 +488,7 @@ FT_TARGET_AVX512_BF16 inline void step_q8_x4(const uint8_t* W, size_t ldw, int n
   }
 }
 
-// 4 consecutive rows against one vector, step by step (q8_rows4): the 4 rows take each of a step's 3
+// 4 consecutive rows against one vector, step by step (q8_dot_rows_multi's by_multirow): the 4 rows take each of a step's 3
 // loads of x once, run 8 independent chains and end in one transposed reduction (row_reduce.h). Each
 // row's arithmetic is exactly dot_rows_q8<1>'s (the same two accumulators, steps in the same order,
 // the same addition tree), so a row's bits do not depend on whether it ran here.
@@ -1057,26 +1057,20 @@ void q8a_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const voi
 #endif
 }
 
-Rows4 q8_rows4(int K, int prefetch, bool multirow_explicit) {
-  if (multirow_explicit) return kRows4Multirow;
-  static const bool intel = cpu_is_intel();
-  return !intel && prefetch > 0 && K < 1024 && K % 512 != 0 ? kRows4Always : kRows4Never;
-}
-
 void q8_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
-                       float* out, int os, int prefetch, Rows4 rows4) {
+                       float* out, int os, int prefetch, bool by_multirow) {
 #if FT_X86
   q8_call(W, S, nrows, xs, n, K, prefetch, [&](auto nv, const uint8_t* const* xq, const Streams& pf) {
     constexpr int NV = decltype(nv)::value;
     const size_t ldw = static_cast<size_t>(K) / 2, lds = static_cast<size_t>(K) / 32;
     int r = 0;
-    if (NV == 1 && (rows4 == kRows4Always || (rows4 == kRows4Multirow && multirow(ldw, 1)))) {
+    if (NV == 1 && by_multirow && multirow(ldw, 1)) {
       for (; r + 4 <= nrows; r += 4) dot_rows_q8_x4(W + r * ldw, S + r * lds, xq[0], K, out + r, pf);
     }
     if (r < nrows) dot_rows_q8<NV>(W + r * ldw, S + r * lds, nrows - r, xq, K, out + r, os, pf);
   });
 #else
-  (void)W, (void)S, (void)nrows, (void)xs, (void)n, (void)K, (void)out, (void)os, (void)prefetch, (void)rows4;
+  (void)W, (void)S, (void)nrows, (void)xs, (void)n, (void)K, (void)out, (void)os, (void)prefetch, (void)by_multirow;
   throw Error("fp4 int8 kernels need x86 (AVX512-VNNI)");
 #endif
 }

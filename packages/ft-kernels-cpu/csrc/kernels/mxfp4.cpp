@@ -172,7 +172,7 @@ class Mxfp4Format final : public MoeFormat {
   void dot(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K, float* out,
            int os) const {
     if (q8_ && q8_steps_ && (n == 1 || !groups_)) {
-      fp4::q8_dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_, fp4::q8_rows4(K, pf_, p_.multirow_explicit));
+      fp4::q8_dot_rows_multi(W, S, nrows, xs, n, K, out, os, pf_, p_.multirow_explicit);
     } else if (q8_) {
       const void* xg[kMaxTokensPerCall];
       for (int j = 0; j < n; ++j) xg[j] = static_cast<const char*>(xs[j]) + step_bytes(K);
