@@ -33,6 +33,14 @@
 // bytes in one instruction).
 #define FT_TARGET_AVX512_BF16 \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,avx512vbmi,gfni,fma")))
+
+// FT_IN_REGISTER(v): the vector variable v (just loaded) is used from a register from here on. GCC
+// otherwise folds one of a loaded vector's uses back into its instruction as a memory operand
+// (`vpsrlw $4, (w)` beside the VPERMB of the register loaded from w), so a step's weights were read
+// from L1 twice: on Zen 4, whose core loads one 512-bit vector a cycle, mxfp4's one-vector row
+// kernel took 7.9 cycles a 64-byte step in L1 with the second load and 6.7 without it
+// (docs/benchmarks.md, thirty-fourth session). An empty asm statement: no instruction.
+#define FT_IN_REGISTER(v) asm("" : "+v"(v))
 #endif
 
 namespace ft {

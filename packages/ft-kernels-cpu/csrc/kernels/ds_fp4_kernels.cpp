@@ -489,7 +489,8 @@ FT_TARGET_AVX512_BF16 inline __m512i i8_plane(__m512i t, __m512i lo, __m512i hi,
 template <int NV>
 FT_TARGET_AVX512_BF16 inline void step_i8(const uint8_t* w, int blocks, const __m512* sx, __m512i idx,
                                           const void* const* xs, size_t xo, __m512i lut, __m512* acc) {
-  const __m512i wv = fp4::load_blocks(w, blocks);
+  __m512i wv = fp4::load_blocks(w, blocks);
+  FT_IN_REGISTER(wv);
   const __m512i lo = _mm512_permutexvar_epi8(wv, lut);
   const __m512i hi = _mm512_permutexvar_epi8(_mm512_srli_epi16(wv, 4), lut);
 #pragma GCC unroll 8
@@ -510,7 +511,27 @@ FT_TARGET_AVX512_BF16 inline void step_i8(const uint8_t* w, int blocks, const __
   }
 }
 
-template <int NV>
+// Steps U .. 3 of a row's last group, `left` (1 .. 15) of its blocks at w, unrolled as mxfp4's
+// q8_last_steps (fp4_kernels.cpp): a constant scale index and, for whole steps, a constant count.
+template <int NV, int U>
+FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void i8_last_steps(
+    const uint8_t* w, int left, const __m512* sx, const __m512i* idx, const void* const* xs, size_t go,
+    __m512i lut, __m512* acc, const Prefetch& pw) {
+  if constexpr (U < 4) {
+    if (left <= 4 * U) return;
+    const uint8_t* wp = w + 64 * U;
+    if (pw.dist) pw.ahead(wp);
+    if (left >= 4 * U + 4) {
+      step_i8<NV>(wp, 4, sx, idx[U], xs, go + U * kI8Record, lut, acc);
+    } else {
+      step_i8<NV>(wp, left - 4 * U, sx, idx[U], xs, go + U * kI8Record, lut, acc);
+    }
+    i8_last_steps<NV, U + 1>(w, left, sx, idx, xs, go, lut, acc, pw);
+  }
+}
+
+// Normal: every scale of the call in [1, 254] (fp4::e8m0_all_normal; fp4::e8m0x16_normal).
+template <int NV, bool Normal>
 FT_TARGET_AVX512_BF16 void rows_i8(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int K,
                                    float* out, int os, const Prefetch& pw, const Prefetch& ps) {
   const __m512i lut = fp4::e2m1_u8_table();
@@ -529,7 +550,7 @@ FT_TARGET_AVX512_BF16 void rows_i8(const uint8_t* W, const uint8_t* S, int nrows
 #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) a0[j] = a1[j] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b += 16) {
-      const __m512 sf = fp4::e8m0x16(s + b, std::min(16, nb - b));
+      const __m512 sf = fp4::e8m0x16_as<Normal>(s + b, std::min(16, nb - b));
       const size_t go = static_cast<size_t>(b) / 16 * kI8Group;  // the group's records
 #pragma GCC unroll 8
       for (int j = 0; j < NV; ++j) {
@@ -550,11 +571,7 @@ FT_TARGET_AVX512_BF16 void rows_i8(const uint8_t* W, const uint8_t* S, int nrows
           step_i8<NV>(wp + 64 * (u + 1), 4, sx, idx[u + 1], xs, go + (u + 1) * kI8Record, lut, two ? a1 : a0);
         }
       } else {
-        for (int u = 0; b + 4 * u < nb; ++u) {
-          const int bu = b + 4 * u;
-          if (pw.dist) pw.ahead(w + 16 * bu);
-          step_i8<NV>(w + 16 * bu, nb - bu, sx, idx[u], xs, go + u * kI8Record, lut, a0);
-        }
+        i8_last_steps<NV, 0>(w + 16 * b, nb - b, sx, idx, xs, go, lut, a0, pw);
       }
     }
     if constexpr (two) {
@@ -568,7 +585,7 @@ FT_TARGET_AVX512_BF16 void rows_i8(const uint8_t* W, const uint8_t* S, int nrows
 struct Int8Step {};  // dot_rows_with's tag for rows_i8
 
 // The streams of a call and its vector count as a template argument: rows<Step, NV> (bf16, int16),
-// rows_i8<NV> for Int8Step.
+// rows_i8<NV, Normal> for Int8Step.
 template <class Step>
 void dot_rows_with(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K, float* out,
                    int os, int prefetch) {
@@ -584,7 +601,11 @@ void dot_rows_with(const uint8_t* W, const uint8_t* S, int nrows, const void* co
   const bool pairs = multirow(static_cast<size_t>(K) / 4, n);
   dispatch_n(n, [&](auto nv) {
     if constexpr (std::is_same_v<Step, Int8Step>) {
-      rows_i8<decltype(nv)::value>(W, S, nrows, xs, K, out, os, pw, ps);
+      if (fp4::e8m0_all_normal(S, static_cast<size_t>(nrows) * (K / 32))) {
+        rows_i8<decltype(nv)::value, true>(W, S, nrows, xs, K, out, os, pw, ps);
+      } else {
+        rows_i8<decltype(nv)::value, false>(W, S, nrows, xs, K, out, os, pw, ps);
+      }
     } else if constexpr (std::is_same_v<Step, Bf16Step> && decltype(nv)::value >= 3) {
       if (pairs) {
         rows_bf16_pairs<decltype(nv)::value>(W, S, nrows, xs, K, out, os, pw, ps);

@@ -136,6 +136,11 @@ void q8a_prep_vec(const float* v, int i0, int i1, void* out);
 void q8a_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
                         float* out, int os, int prefetch);
 
+// Whether all n e8m0 scale bytes at s lie in [1, 254], the normal powers of two (neither 0, the
+// denormal 2^-127, nor 255, NaN): then the int8 row kernels of the avx512_bf16 tier (q8_dot_rows_multi,
+// ds_fp4's) convert them with e8m0x16_normal. Needs AVX-512 (BW); one pass of 64 bytes at a time.
+bool e8m0_all_normal(const uint8_t* s, size_t n);
+
 // Round trip through fp8 e4m3fn with one power-of-two (ue8m0) scale per block of `block` elements:
 // amax = max |v|, s = 2^ceil(log2(max(amax, 1e-4) / 448)), out = e4m3fn_rne_sat(v / s) * s. The last
 // block may be short. Exact fp32 arithmetic (the scale is a power of two), no ISA dependence.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "avx2_pairs.h"
 #include "dispatch_n.h"
@@ -379,7 +380,8 @@ FT_TARGET_AVX512_BF16 void dot_rows_multi_bf16(const uint8_t* W, const uint8_t* 
 template <int NV>
 FT_TARGET_AVX512_BF16 inline void step_q8(const uint8_t* w, int blocks, const __m512* sx, __m512i idx,
                                           const uint8_t* const* xs, size_t xo, __m512i lut, __m512* acc) {
-  const __m512i wv = load_blocks(w, blocks);
+  __m512i wv = load_blocks(w, blocks);
+  FT_IN_REGISTER(wv);
   // VPERMB reads the low 6 bits of each byte and the table repeats every 16: no masking.
   const __m512i lo = _mm512_permutexvar_epi8(wv, lut);
   const __m512i hi = _mm512_permutexvar_epi8(_mm512_srli_epi16(wv, 4), lut);
@@ -392,11 +394,11 @@ FT_TARGET_AVX512_BF16 inline void step_q8(const uint8_t* w, int blocks, const __
 }
 
 // Blocks b .. b + 15 (a group of 4 steps; fewer at the row's end): their e8m0 scales times each
-// vector's dx lanes.
-template <int NV>
+// vector's dx lanes (Normal: every scale of the call in [1, 254], e8m0x16_normal).
+template <int NV, bool Normal>
 FT_TARGET_AVX512_BF16 inline void q8_group_scales(const uint8_t* s, int b, int nb, const uint8_t* const* xs,
                                                   __m512* sx) {
-  const __m512 sf = e8m0x16(s + b, std::min(16, nb - b));
+  const __m512 sf = e8m0x16_as<Normal>(s + b, std::min(16, nb - b));
   const size_t dxo = static_cast<size_t>(b / 16) * kQ8GroupBytes + 4 * kQ8StepBytes;
   for (int j = 0; j < NV; ++j) sx[j] = _mm512_mul_ps(sf, _mm512_loadu_ps(xs[j] + dxo));
 }
@@ -406,10 +408,12 @@ FT_TARGET_AVX512_BF16 inline void q8_group_scales(const uint8_t* s, int b, int n
 // loop (a runtime index into idx, a runtime count for every step's load) they took a row of K = 768
 // (a group and a half) as long as one of K = 1024 from L2 on one Zen 4 core: 23.6 GB/s against 26.0
 // unrolled (tools/row_stream_probe.cpp; docs/benchmarks.md, thirty-third session).
+// Always inlined: with dot_rows_q8 instantiated for both scale paths GCC 12 called it out of line,
+// its sx and idx through memory (K = 768 rows one at a time: 10.4 cycles a step in L1 against 7.9).
 template <int NV, int U>
-FT_TARGET_AVX512_BF16 inline void q8_last_steps(const uint8_t* w, int left, const __m512* sx, const __m512i* idx,
-                                                const uint8_t* const* xs, size_t xo, __m512i lut, __m512* acc,
-                                                const Streams& pf) {
+FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void q8_last_steps(
+    const uint8_t* w, int left, const __m512* sx, const __m512i* idx, const uint8_t* const* xs, size_t xo,
+    __m512i lut, __m512* acc, const Streams& pf) {
   if constexpr (U < 4) {
     if (left <= 4 * U) return;
     const uint8_t* wp = w + 64 * U;
@@ -423,7 +427,7 @@ FT_TARGET_AVX512_BF16 inline void q8_last_steps(const uint8_t* w, int left, cons
   }
 }
 
-template <int NV>
+template <int NV, bool Normal>
 FT_TARGET_AVX512_BF16 void dot_rows_q8(const uint8_t* W, const uint8_t* S, int nrows, const uint8_t* const* xs,
                                        int K, float* out, int os, const Streams& pf) {
   const __m512i lut = e2m1_u8_table();
@@ -443,7 +447,7 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8(const uint8_t* W, const uint8_t* S, int n
     __m512 sx[NV];
     int b = 0;
     for (; b + 16 <= nb; b += 16) {
-      q8_group_scales<NV>(s, b, nb, xs, sx);
+      q8_group_scales<NV, Normal>(s, b, nb, xs, sx);
       const size_t xo = static_cast<size_t>(b / 16) * kQ8GroupBytes;
 #pragma GCC unroll 2
       for (int u = 0; u < 4; u += 2) {
@@ -458,7 +462,7 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8(const uint8_t* W, const uint8_t* S, int n
     }
     if (b < nb) {
       // The row's last group, partial (1 .. 15 blocks): its steps unrolled (q8_last_steps).
-      q8_group_scales<NV>(s, b, nb, xs, sx);
+      q8_group_scales<NV, Normal>(s, b, nb, xs, sx);
       q8_last_steps<NV, 0>(w + 16 * b, nb - b, sx, idx, xs, static_cast<size_t>(b / 16) * kQ8GroupBytes, lut, a0, pf);
     }
     for (int j = 0; j < NV; ++j) {
@@ -480,7 +484,8 @@ FT_TARGET_AVX512_BF16 inline void step_q8_x4(const uint8_t* W, size_t ldw, int n
   }
   #pragma GCC unroll 4
   for (int i = 0; i < 4; ++i) {
-    const __m512i wv = load_blocks(W + i * ldw + 16 * bu, nb - bu);
+    __m512i wv = load_blocks(W + i * ldw + 16 * bu, nb - bu);
+    FT_IN_REGISTER(wv);
     const __m512i lo = _mm512_permutexvar_epi8(wv, lut);
     const __m512i hi = _mm512_permutexvar_epi8(_mm512_srli_epi16(wv, 4), lut);
     const __m512i d = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(start, lo, xl), hi, xh);
@@ -492,6 +497,7 @@ FT_TARGET_AVX512_BF16 inline void step_q8_x4(const uint8_t* W, size_t ldw, int n
 // loads of x once, run 8 independent chains and end in one transposed reduction (row_reduce.h). Each
 // row's arithmetic is exactly dot_rows_q8<1>'s (the same two accumulators, steps in the same order,
 // the same addition tree), so a row's bits do not depend on whether it ran here.
+template <bool Normal>
 FT_TARGET_AVX512_BF16 void dot_rows_q8_x4(const uint8_t* W, const uint8_t* S, const uint8_t* x, int K, float* out,
                                           const Streams& pf) {
   const __m512i lut = e2m1_u8_table();
@@ -508,7 +514,7 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8_x4(const uint8_t* W, const uint8_t* S, co
   int b = 0;
   for (; b + 16 <= nb; b += 16) {
     #pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) q8_group_scales<1>(S + i * nb, b, nb, xs, &sx[i]);
+    for (int i = 0; i < 4; ++i) q8_group_scales<1, Normal>(S + i * nb, b, nb, xs, &sx[i]);
     const size_t xo = static_cast<size_t>(b / 16) * kQ8GroupBytes;
     for (int u = 0; u < 4; u += 2) {
       step_q8_x4(W, ldw, nb, b + 4 * u, idx[u], sx, x, xo + u * kQ8StepBytes, lut, a0, pf);
@@ -517,7 +523,7 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8_x4(const uint8_t* W, const uint8_t* S, co
   }
   if (b < nb) {
     #pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) q8_group_scales<1>(S + i * nb, b, nb, xs, &sx[i]);
+    for (int i = 0; i < 4; ++i) q8_group_scales<1, Normal>(S + i * nb, b, nb, xs, &sx[i]);
     for (int u = 0; b + 4 * u < nb; ++u) {
       step_q8_x4(W, ldw, nb, b + 4 * u, idx[u], sx, x, q8_step_offset((b + 4 * u) / 4), lut, a0, pf);
     }
@@ -1028,6 +1034,21 @@ void q8a_prep_vec(const float* v, int i0, int i1, void* out) {
 }
 
 #if FT_X86
+FT_TARGET_AVX512 bool e8m0_all_normal(const uint8_t* s, size_t n) {
+  // min(b, b + 1) is 0 exactly where b is 0 or 255 (b + 1 wraps); the tail's missing bytes read as 1.
+  __m512i m = _mm512_set1_epi8(1);
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    const __m512i b = _mm512_loadu_si512(s + i);
+    m = _mm512_min_epu8(m, _mm512_min_epu8(b, _mm512_add_epi8(b, _mm512_set1_epi8(1))));
+  }
+  if (i < n) {
+    const __m512i b = _mm512_mask_loadu_epi8(_mm512_set1_epi8(1), (~0ull) >> (64 - (n - i)), s + i);
+    m = _mm512_min_epu8(m, _mm512_min_epu8(b, _mm512_add_epi8(b, _mm512_set1_epi8(1))));
+  }
+  return _mm512_cmpeq_epi8_mask(m, _mm512_setzero_si512()) == 0;
+}
+
 namespace {
 // One call of an int8 row kernel: the vectors as bytes (at most kMaxVectors), the weight and scale
 // streams, and `kernel(nv, xq, pf)` with the call's number of vectors as a compile-time constant nv.
@@ -1063,11 +1084,19 @@ void q8_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void
   q8_call(W, S, nrows, xs, n, K, prefetch, [&](auto nv, const uint8_t* const* xq, const Streams& pf) {
     constexpr int NV = decltype(nv)::value;
     const size_t ldw = static_cast<size_t>(K) / 2, lds = static_cast<size_t>(K) / 32;
-    int r = 0;
-    if (NV == 1 && by_multirow && multirow(ldw, 1)) {
-      for (; r + 4 <= nrows; r += 4) dot_rows_q8_x4(W + r * ldw, S + r * lds, xq[0], K, out + r, pf);
+    auto rows = [&](auto normal) {
+      constexpr bool N = decltype(normal)::value;
+      int r = 0;
+      if (NV == 1 && by_multirow && multirow(ldw, 1)) {
+        for (; r + 4 <= nrows; r += 4) dot_rows_q8_x4<N>(W + r * ldw, S + r * lds, xq[0], K, out + r, pf);
+      }
+      if (r < nrows) dot_rows_q8<NV, N>(W + r * ldw, S + r * lds, nrows - r, xq, K, out + r, os, pf);
+    };
+    if (e8m0_all_normal(S, static_cast<size_t>(nrows) * lds)) {
+      rows(std::true_type{});
+    } else {
+      rows(std::false_type{});
     }
-    if (r < nrows) dot_rows_q8<NV>(W + r * ldw, S + r * lds, nrows - r, xq, K, out + r, os, pf);
   });
 #else
   (void)W, (void)S, (void)nrows, (void)xs, (void)n, (void)K, (void)out, (void)os, (void)prefetch, (void)by_multirow;

@@ -785,7 +785,9 @@ struct Q4_0Words {
     __m512i a = ld512(p), b = ld512(p + 64), c = _mm512_castsi128_si512(ld128(p + 128));
     // Kept in registers: VPERMT2W overwrites a table, and GCC would otherwise load a and b again
     // for each permute, which is the cost this path exists to save.
-    asm("" : "+v"(a), "+v"(b), "+v"(c));
+    FT_IN_REGISTER(a);
+    FT_IN_REGISTER(b);
+    FT_IN_REGISTER(c);
     q0 = _mm512_permutex2var_epi16(a, ic0, b);
     q1 = _mm512_permutex2var_epi16(b, ic1, c);
     const __m256 s = _mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi16(a, is8, b)));
@@ -1222,7 +1224,8 @@ struct Q6K {
                                          0x0002000200020002, 0, 0, 0, 0);
     const __m512i m0f = _mm512_set1_epi8(15), m30 = _mm512_set1_epi8(0x30);
     for (int h = 0; h < 2; ++h) {
-      const __m512i ql = ld512(p + 64 * h);
+      __m512i ql = ld512(p + 64 * h);
+      FT_IN_REGISTER(ql);
       const __m512i hz = _mm512_broadcast_i64x4(ld256(p + 128 + 32 * h));
       // codes (a & b) | c: 0xEA
       w.cv[2 * h] = _mm512_ternarylogic_epi32(ql, m0f, _mm512_and_si512(_mm512_sllv_epi16(hz, shl), m30), 0xEA);
@@ -1253,7 +1256,7 @@ struct XLines {
   // the same, held in registers: the compiler would otherwise fold each load into every row's
   // VPDPBUSD as its memory operand, loading the line once per row
   XLines(const Q8Ref& x, int k, int /*held*/) : XLines(x, k) {
-    for (int c = 0; c < 4; ++c) asm("" : "+v"(v[c]));
+    for (int c = 0; c < 4; ++c) FT_IN_REGISTER(v[c]);
   }
 };
 // Rows' super-blocks at p[i], i < R, against one vector x at k, x's lines loaded once for all R
