@@ -279,25 +279,36 @@ FT_TARGET_AVX512_BF16 void nvfp4_rows_vnni(const uint8_t* W, const uint8_t* SC, 
   for (int r = 0; r < nrows; ++r) nvfp4_row_vnni<N>(W + r * ldw, SC + r * lds, xs, K, out + r, os, pf, G[r]);
 }
 
-// One row's 256-element block at wb (scales s16) against x's block record xr, into acc: exactly
-// nvfp4_row_vnni<1>'s arithmetic.
-FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void nvfp4_vnni_block1(const uint8_t* wb,
-                                                                                  const uint8_t* scb,
-                                                                                  const uint8_t* xr, __m512& acc) {
-  const __m512i A = _mm512_loadu_si512(wb), B = _mm512_loadu_si512(wb + 64);
-  const __m128i s16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scb));
+// One row's 256-element block at wb (scales at scb) against x's block record, held in registers (xv:
+// its 4 code lines, start: its offset lanes, d: its scales), into acc: exactly nvfp4_row_vnni<1>'s
+// arithmetic (vnni_sums, then the same conversion, multiply and FMA).
+FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void nvfp4_vnni_block1_x(const uint8_t* wb,
+                                                                                    const uint8_t* scb,
+                                                                                    const __m512i* xv, __m512i start,
+                                                                                    __m512 d, __m512& acc) {
+  __m512i A = _mm512_loadu_si512(wb), B = _mm512_loadu_si512(wb + 64);
+  FT_IN_REGISTER(A);  // VPERMT2D overwrites a source: without this, A and B were each loaded twice
+  FT_IN_REGISTER(B);
+  __m128i s16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scb));
+  FT_IN_REGISTER(s16);
   __m512i q[4];
   vnni_codes(A, B, q);
   const __m512 S = fp8nv::e4m3x16_nan_avx512(s16);
-  acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(vnni_sums(q, xr)), S), _mm512_loadu_ps(xr + 320), acc);
+  __m512i t = _mm512_dpbusd_epi32(start, q[0], xv[0]);
+  t = _mm512_dpbusd_epi32(t, q[1], xv[1]);
+  t = _mm512_dpbusd_epi32(t, q[2], xv[2]);
+  t = _mm512_dpbusd_epi32(t, q[3], xv[3]);
+  acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(t), S), d, acc);
 }
 
 // 4 consecutive rows (w, sc: the first; ldw, lds apart) against one vector, K a multiple of 256 (the
 // caller's condition), the 4 sums from one transposed reduction; each row's arithmetic is exactly
 // nvfp4_row_vnni<1>'s. The rows are interleaved block by block (the 4 rows take the same x record,
-// hot in L1, and give the core 4 independent chains): 4 streams, which the hardware prefetchers of
-// Zen 5 do not follow, so the software prefetch walks the 4 rows' span in address order at 4 times
-// the pace.
+// loaded once into registers for the 4, and give the core 4 independent chains): 4 streams, which
+// the hardware prefetchers of Zen 5 do not follow, so the software prefetch walks the 4 rows' span in
+// address order at 4 times the pace. With the record's 6 lines read by each row from L1 (as memory
+// operands) a row's block took 8 loads of 64 bytes, with them held 2.5 (docs/benchmarks.md,
+// thirty-fourth session).
 FT_TARGET_AVX512_BF16 void nvfp4_rows4_vnni(const uint8_t* w, const uint8_t* sc, const float* g, size_t ldw,
                                             size_t lds, const uint8_t* xq, int K, float* out, const Prefetch& pf) {
   __m512 acc[4];
@@ -305,13 +316,24 @@ FT_TARGET_AVX512_BF16 void nvfp4_rows4_vnni(const uint8_t* w, const uint8_t* sc,
   for (int i = 0; i < 4; ++i) acc[i] = _mm512_setzero_ps();
   for (int c = 0; c < K; c += 256) {
     const uint8_t* xr = xq + static_cast<size_t>(c / 256) * kVnniBlockBytes;
+    __m512i xv[4];
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+      xv[p] = _mm512_loadu_si512(xr + 64 * p);
+      FT_IN_REGISTER(xv[p]);
+    }
+    __m512i start = _mm512_loadu_si512(xr + 256);
+    __m512 d = _mm512_loadu_ps(xr + 320);
+    FT_IN_REGISTER(start);
+    FT_IN_REGISTER(d);
+#pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) {
       const uint8_t* wb = w + i * ldw + c / 2;
       if (pf.dist) {  // the 4 rows' span read as one stream at 4 times the pace (address order)
         pf.ahead(w + 2 * c + 128 * i);
         pf.ahead(w + 2 * c + 128 * i + 64);
       }
-      nvfp4_vnni_block1(wb, sc + i * lds + c / 16, xr, acc[i]);
+      nvfp4_vnni_block1_x(wb, sc + i * lds + c / 16, xv, start, d, acc[i]);
     }
   }
   _mm_storeu_ps(out, _mm_mul_ps(rowred::hsum_x4(acc[0], acc[1], acc[2], acc[3]),
