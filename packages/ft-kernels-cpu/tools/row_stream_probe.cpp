@@ -2,7 +2,7 @@
 // bytes, and what a bank that starts off a cache line costs. The kernel is mxfp4's one-vector row
 // kernel of the avx512_bf16 tier (fp4::q8_dot_rows_multi: e2m1 nibbles and e8m0 scales per 32, x as
 // int8 steps of 128). A developer tool (not part of the package): it answers "how close to the read
-// bandwidth does one core's decode run, from DRAM and from L2, at each bank offset", without the
+// bandwidth does one core's decode run, from DRAM, L2 and L1, at each bank offset", without the
 // executor around it.
 //
 //   cd packages/ft-kernels-cpu
@@ -17,7 +17,8 @@
 // fixed random order (`shuffled`), as a step's units jump from expert to expert. For each bank offset (0, 16, 32, 48 bytes past a
 // cache line; numpy's large arrays start at 16) one line: GB/s of weight and scale bytes from DRAM
 // (median of 5 passes over the whole buffer), the plain read of the same bytes (median of 5, 64-byte
-// loads), their ratio, and GB/s from L2 (the first 256 KiB of rows, again and again). Every row's
+// loads), their ratio, GB/s from L2 (the first 256 KiB of rows, again and again) and from L1 (the
+// first 24 KiB in one call without software prefetch, the best of 200 timings of 20 calls). Every row's
 // result is checked against a float64 dot product of the decoded weights and x, within the int8
 // rounding of x (half a step of each 128 elements' amax / 127, times the weights' magnitudes) plus
 // fp32 slack; the exit status is 1 if any is off ("MISMATCH") or differs between offsets.
@@ -146,6 +147,17 @@ int main(int argc, char** argv) {
       for (int rep = 0; rep < 64; ++rep) run(l2_rows);
       l2.push_back(64.0 * l2_rows * (row_bytes + srow) / seconds_since(t0) / 1e9);
     }
+    // From L1: the first 24 KiB of rows (at least one) in one call without software prefetch, 20 calls
+    // a timing, the best of 200: the kernel's own pace with its operands in L1.
+    const size_t l1_rows = std::max<size_t>(1, std::min<size_t>(rows, (24 << 10) / row_bytes));
+    double l1_best = 0;
+    for (int rep = 0; rep < 200; ++rep) {
+      const auto t0 = Clock::now();
+      for (int c = 0; c < 20; ++c) {
+        ft::fp4::q8_dot_rows_multi(W, S, static_cast<int>(l1_rows), xs, 1, K, out.data(), 0, 0);
+      }
+      l1_best = std::max(l1_best, 20.0 * l1_rows * (row_bytes + srow) / seconds_since(t0) / 1e9);
+    }
     run(checked);
     for (size_t r = 0; r < checked; ++r) {
       if (!(std::fabs(out[r] - ref[r]) <= bound[r])) {
@@ -161,8 +173,9 @@ int main(int argc, char** argv) {
     }
     if (off == 0) std::copy(out.begin(), out.begin() + checked, first.begin());
     const double k = median(kern), p = median(plain);
-    std::printf("offset %2d: kernel %6.1f GB/s  plain read %6.1f GB/s  ratio %.3f  from L2 %6.1f GB/s\n", off, k, p,
-                k / p, median(l2));
+    std::printf("offset %2d: kernel %6.1f GB/s  plain read %6.1f GB/s  ratio %.3f  from L2 %6.1f GB/s  "
+                "from L1 %6.1f GB/s\n",
+                off, k, p, k / p, median(l2), l1_best);
     std::fflush(stdout);
   }
   std::free(wbuf);
