@@ -37,9 +37,11 @@
 // FT_IN_REGISTER(v): the vector variable v (just loaded) is used from a register from here on. GCC
 // otherwise folds one of a loaded vector's uses back into its instruction as a memory operand
 // (`vpsrlw $4, (w)` beside the VPERMB of the register loaded from w), so a step's weights were read
-// from L1 twice: on Zen 4, whose core loads one 512-bit vector a cycle, mxfp4's one-vector row
-// kernel took 7.9 cycles a 64-byte step in L1 with the second load and 6.7 without it
-// (docs/benchmarks.md, thirty-fourth session). An empty asm statement: no instruction.
+// from L1 twice. On Zen 4, whose core loads one 512-bit vector a cycle, mxfp4's one-vector rows of
+// K = 2048 ran from L1 at 31.7 GB/s with the second load and 36.1 without it where the bank starts 16
+// bytes past a cache line (as numpy's arrays do), 36.7 and 37.5 where it starts on one
+// (tools/row_stream_probe.cpp; docs/benchmarks.md, thirty-fourth session). An empty asm statement:
+// no instruction.
 #define FT_IN_REGISTER(v) asm("" : "+v"(v))
 #endif
 

@@ -31,9 +31,9 @@ FT_TARGET_AVX512 inline __m512 e8m0x16(const uint8_t* s, int n) {
 // e8m0x16 for scales known to lie in [1, 254] (e8m0_all_normal): s << 23 is the float, and the
 // zero bytes past `n` give +0 lanes, so neither the denormal, the NaN nor the padding takes an
 // operation. In the int8 row kernels the general conversion cost more than its 5 operations suggest
-// (it heads each group's chain of permutes and FMAs): mxfp4's rows of K = 768 one at a time took
-// 8.9 cycles a 64-byte step in L1 with it and 7.9 with this one on one Zen 4 core (docs/benchmarks.md,
-// thirty-fourth session).
+// (it heads each group's chain of permutes and FMAs): mxfp4's rows of K = 768 one at a time ran on
+// one Zen 4 core from L1 at 28.7 GB/s with it and 32.0 with this one, from L2 at 25.9 and 28.2
+// (tools/row_stream_probe.cpp; docs/benchmarks.md, thirty-fourth session).
 FT_TARGET_AVX512 inline __m512 e8m0x16_normal(const uint8_t* s, int n) {
   const __m128i b = n >= 16 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(s))
                             : _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << n) - 1u), s);

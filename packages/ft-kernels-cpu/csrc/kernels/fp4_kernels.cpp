@@ -409,7 +409,7 @@ FT_TARGET_AVX512_BF16 inline void q8_group_scales(const uint8_t* s, int b, int n
 // (a group and a half) as long as one of K = 1024 from L2 on one Zen 4 core: 23.6 GB/s against 26.0
 // unrolled (tools/row_stream_probe.cpp; docs/benchmarks.md, thirty-third session).
 // Always inlined: with dot_rows_q8 instantiated for both scale paths GCC 12 called it out of line,
-// its sx and idx through memory (K = 768 rows one at a time: 10.4 cycles a step in L1 against 7.9).
+// its sx and idx through memory, and rows of K = 768 one at a time ran ~25% slower from L1.
 template <int NV, int U>
 FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void q8_last_steps(
     const uint8_t* w, int left, const __m512* sx, const __m512i* idx, const uint8_t* const* xs, size_t xo,

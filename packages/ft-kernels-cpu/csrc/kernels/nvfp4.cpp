@@ -307,8 +307,9 @@ FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void nvfp4_vnni_bloc
 // loaded once into registers for the 4, and give the core 4 independent chains): 4 streams, which
 // the hardware prefetchers of Zen 5 do not follow, so the software prefetch walks the 4 rows' span in
 // address order at 4 times the pace. With the record's 6 lines read by each row from L1 (as memory
-// operands) a row's block took 8 loads of 64 bytes, with them held 2.5 (docs/benchmarks.md,
-// thirty-fourth session).
+// operands, and A and B twice each) a row's block took 10 loads of 64 bytes; with all of them held in
+// registers it takes 2 and a quarter of the record's 6: on one Zen 4 core from L3, qwen3-30b-a3b's
+// batch 1 went from 104.5 to 99.0 us a step (docs/benchmarks.md, thirty-fourth session).
 FT_TARGET_AVX512_BF16 void nvfp4_rows4_vnni(const uint8_t* w, const uint8_t* sc, const float* g, size_t ldw,
                                             size_t lds, const uint8_t* xq, int K, float* out, const Prefetch& pf) {
   __m512 acc[4];
