@@ -233,6 +233,32 @@ def test_extreme_e8m0_scales_and_every_e2m1_code(isa: str) -> None:
         assert np.isnan(y.astype(np.float32)).all(), f"{isa}: scale 255 in block {b} must give NaN"
 
 
+@pytest.mark.parametrize("row", [0, 111, 223])
+def test_one_nan_scale_anywhere_in_a_call(isa: str, row: int) -> None:
+    # The int8 kernels convert a call's e8m0 scales by one shift unless a scan of the call's scale
+    # bytes finds a 0 or a 255 (fp4::e8m0_all_normal). One 255 in the last block of a single down row,
+    # at the start, middle or end of the bank (the end: the last call's last scale byte, in the scan's
+    # partial last 64 bytes), must still give NaN in that output alone: had the scan missed it, the
+    # shift would make the scale +inf, and y[row] +inf, since that block's weights (codes 2: 1.0)
+    # and its h (x of ones against gate and up rows of 1.0: h = silu(g) u > 0) are all positive. (A NaN
+    # in a gate/up row would not reach y in the int8 tiers: their quantizer codes a NaN of h as 127,
+    # int8_codes.h.)
+    rng = np.random.default_rng(7)
+    H, I, E = 224, 96, 1  # 3 blocks a down row: spans of odd lengths
+    banks = make_layer(rng, E, H, I, bias=False)
+    banks["w13"][0, 2 * (I - 32) :] = 0x22  # gate and up rows of h[64:96]
+    banks["w2"][0, row, -1] = 0x22
+    banks["w2_scale"][0, row, -1] = 255
+    x, ids, w = one_token_on_expert_0(H)  # x: ones
+    y = run_layer(isa, banks, x, ids, w, E, I).astype(np.float32)
+    ref, scale = reference(banks, x, ids, w, "silu")
+    nan = np.isnan(ref)
+    got = np.flatnonzero(np.isnan(y))
+    assert nan.any() and np.array_equal(np.isnan(y), nan), f"{isa} row {row}: NaN at {got}"
+    extra = np.broadcast_to(int8_extra(isa, banks, x, ids, w, "silu"), ref.shape)
+    check(y[~nan][None], ref[~nan][None], scale[~nan][None], isa, extra[~nan][None])
+
+
 @pytest.mark.parametrize("H", [608, 1504])
 def test_many_tokens_on_few_experts(isa: str, H: int) -> None:
     # H = 1504 (47 blocks): calls of 8 vectors over rows of 11 groups of 4 blocks and a 3-block tail,
