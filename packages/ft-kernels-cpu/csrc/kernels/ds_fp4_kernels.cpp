@@ -511,25 +511,6 @@ FT_TARGET_AVX512_BF16 inline void step_i8(const uint8_t* w, int blocks, const __
   }
 }
 
-// Steps U .. 3 of a row's last group, `left` (1 .. 15) of its blocks at w, unrolled as mxfp4's
-// q8_last_steps (fp4_kernels.cpp): a constant scale index and, for whole steps, a constant count.
-template <int NV, int U>
-FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void i8_last_steps(
-    const uint8_t* w, int left, const __m512* sx, const __m512i* idx, const void* const* xs, size_t go,
-    __m512i lut, __m512* acc, const Prefetch& pw) {
-  if constexpr (U < 4) {
-    if (left <= 4 * U) return;
-    const uint8_t* wp = w + 64 * U;
-    if (pw.dist) pw.ahead(wp);
-    if (left >= 4 * U + 4) {
-      step_i8<NV>(wp, 4, sx, idx[U], xs, go + U * kI8Record, lut, acc);
-    } else {
-      step_i8<NV>(wp, left - 4 * U, sx, idx[U], xs, go + U * kI8Record, lut, acc);
-    }
-    i8_last_steps<NV, U + 1>(w, left, sx, idx, xs, go, lut, acc, pw);
-  }
-}
-
 // Normal: every scale of the call in [1, 254] (fp4::e8m0_all_normal; fp4::e8m0x16_normal).
 template <int NV, bool Normal>
 FT_TARGET_AVX512_BF16 void rows_i8(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int K,
@@ -571,7 +552,8 @@ FT_TARGET_AVX512_BF16 void rows_i8(const uint8_t* W, const uint8_t* S, int nrows
           step_i8<NV>(wp + 64 * (u + 1), 4, sx, idx[u + 1], xs, go + (u + 1) * kI8Record, lut, two ? a1 : a0);
         }
       } else {
-        i8_last_steps<NV, 0>(w + 16 * b, nb - b, sx, idx, xs, go, lut, a0, pw);
+        using Last = fp4::LastGroupStep<&step_i8<NV>, kI8Record, const void* const*, Prefetch>;
+        fp4::last_group_steps<0>(nb - b, Last{w + 16 * b, sx, idx, xs, go, lut, a0, pw});
       }
     }
     if constexpr (two) {

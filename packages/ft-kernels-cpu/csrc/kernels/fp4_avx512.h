@@ -2,6 +2,9 @@
 // kernels; ds_fp4_kernels.cpp: ds_fp4's bf16 kernels). Rows are read 64 bytes (4 blocks of 32) at a time.
 #pragma once
 
+#include <cstddef>
+#include <type_traits>
+
 #include "common.h"
 
 namespace ft {
@@ -60,6 +63,49 @@ FT_TARGET_AVX512 inline __m512i scale_index(int u) {
 FT_TARGET_AVX512 inline __m512i e2m1_u8_table() {
   return _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
 }
+
+// The steps U .. 3 of a row's last group, which holds `left` (1 .. 15) of its blocks, in order and
+// unrolled: step(u, blocks) for each step u (a std::integral_constant, so that the step's scale index
+// is a constant) that holds `blocks` of them (a literal 4 for a whole step). As a loop (a runtime
+// index into the scale indices, a runtime count for every step's load) mxfp4's rows of K = 768 (a
+// group and a half) took as long as rows of K = 1024 from L2 on one Zen 4 core: 23.6 GB/s against 26.0
+// unrolled (tools/row_stream_probe.cpp; docs/benchmarks.md, thirty-third session). Always inlined,
+// as `step` must be: left out of line, with its scales and indices passed through memory, rows of
+// K = 768 ran ~25% slower from L1 (thirty-fourth session).
+template <int U, class Step>
+FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void last_group_steps(int left, const Step& step) {
+  if constexpr (U < 4) {
+    if (left <= 4 * U) return;
+    if (left >= 4 * U + 4) {
+      step(std::integral_constant<int, U>{}, 4);
+    } else {
+      step(std::integral_constant<int, U>{}, left - 4 * U);
+    }
+    last_group_steps<U + 1>(left, step);
+  }
+}
+
+// last_group_steps' step of the int8 row kernels: Step (step_q8<NV>, ds_fp4's step_i8<NV>) on step u of
+// the last group, weights at w + 64 u, x's records at xo + u kStride, into acc; pf requests the
+// weights ahead (pf.dist: 0 for none).
+template <auto Step, size_t kStride, class Xs, class Pf>
+struct LastGroupStep {
+  const uint8_t* w;
+  const __m512* sx;
+  const __m512i* idx;
+  Xs xs;
+  size_t xo;
+  __m512i lut;
+  __m512* acc;
+  const Pf& pf;
+  template <int U>
+  FT_TARGET_AVX512_BF16 __attribute__((always_inline)) void operator()(std::integral_constant<int, U>,
+                                                                       int blocks) const {
+    const uint8_t* wp = w + 64 * U;
+    if (pf.dist) pf.ahead(wp);
+    Step(wp, blocks, sx, idx[U], xs, xo + U * kStride, lut, acc);
+  }
+};
 
 // Tail loads: the bytes of the blocks left in the row, zeros after (value 0 against a zero-padded x).
 FT_TARGET_AVX512 inline __m512i load_blocks(const uint8_t* w, int blocks) {

@@ -96,7 +96,7 @@ void q8_prep_vec(const float* v, int i0, int i1, int K, void* out);
 // formats pass MoeParams::multirow_explicit ($FT_CPU_MOE_MULTIROW_BYTES set). The thirty-second
 // session took rows of K < 1024 with a partial last group 4 at a time on AMD by default (Qwen3-30B-A3B's
 // down rows, K = 768: pass 2 362 -> 324 us a step at one thread on the 2-core Zen 4). What made them
-// slow one at a time was that group's loop; with it unrolled (q8_last_steps) one row at a time ran as
+// slow one at a time was that group's loop; with it unrolled (last_group_steps) one row at a time ran as
 // fast (thirty-third session, alternating runs: pass 2 over pass 1 0.623 against 0.625 at one thread,
 // 0.726 against 0.664 at two from a 20 MiB pool), so that special case went (docs/benchmarks.md).
 void q8_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,

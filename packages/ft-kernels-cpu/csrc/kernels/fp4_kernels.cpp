@@ -403,30 +403,6 @@ FT_TARGET_AVX512_BF16 inline void q8_group_scales(const uint8_t* s, int n, size_
   for (int j = 0; j < NV; ++j) sx[j] = _mm512_mul_ps(sf, _mm512_loadu_ps(xs[j] + dxo));
 }
 
-// Steps U .. 3 of a row's last group, which holds `left` (1 .. 15) of its blocks at w, into acc in
-// order, unrolled: each step's scale index a constant, and a whole step's block count too. As a
-// loop (a runtime index into idx, a runtime count for every step's load) they took a row of K = 768
-// (a group and a half) as long as one of K = 1024 from L2 on one Zen 4 core: 23.6 GB/s against 26.0
-// unrolled (tools/row_stream_probe.cpp; docs/benchmarks.md, thirty-third session).
-// Always inlined: with dot_rows_q8 instantiated for both scale paths GCC 12 called it out of line,
-// its sx and idx through memory, and rows of K = 768 one at a time ran ~25% slower from L1.
-template <int NV, int U>
-FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void q8_last_steps(
-    const uint8_t* w, int left, const __m512* sx, const __m512i* idx, const uint8_t* const* xs, size_t xo,
-    __m512i lut, __m512* acc, const Streams& pf) {
-  if constexpr (U < 4) {
-    if (left <= 4 * U) return;
-    const uint8_t* wp = w + 64 * U;
-    if (pf.w.dist) pf.w.ahead(wp);
-    if (left >= 4 * U + 4) {
-      step_q8<NV>(wp, 4, sx, idx[U], xs, xo + U * kQ8StepBytes, lut, acc);
-    } else {
-      step_q8<NV>(wp, left - 4 * U, sx, idx[U], xs, xo + U * kQ8StepBytes, lut, acc);
-    }
-    q8_last_steps<NV, U + 1>(w, left, sx, idx, xs, xo, lut, acc, pf);
-  }
-}
-
 template <int NV, bool Normal>
 FT_TARGET_AVX512_BF16 void dot_rows_q8(const uint8_t* W, const uint8_t* S, int nrows, const uint8_t* const* xs,
                                        int K, float* out, int os, const Streams& pf) {
@@ -466,9 +442,10 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8(const uint8_t* W, const uint8_t* S, int n
       }
     }
     if (nb % 16) {
-      // The row's last group, partial (1 .. 15 blocks): its steps unrolled (q8_last_steps).
+      // The row's last group, partial (1 .. 15 blocks): its steps unrolled (last_group_steps).
       q8_group_scales<NV, Normal>(sg, nb % 16, xo, xs, sx);
-      q8_last_steps<NV, 0>(wg, nb % 16, sx, idx, xs, xo, lut, a0, pf);
+      using Last = LastGroupStep<&step_q8<NV>, kQ8StepBytes, const uint8_t* const*, Prefetch>;
+      last_group_steps<0>(nb % 16, Last{wg, sx, idx, xs, xo, lut, a0, pf.w});
     }
     for (int j = 0; j < NV; ++j) {
       out[j * os + r] = _mm512_reduce_add_ps(kTwoSets ? _mm512_add_ps(a0[j], second[j]) : a0[j]);
