@@ -183,6 +183,26 @@ def test_nan_scale_codes_give_nan(isa: str) -> None:
             assert np.isnan(y).all(), f"{isa}: scale code {code:#x} in group {g} must give NaN"
 
 
+@pytest.mark.parametrize("row", [0, 37, 63])
+def test_one_nan_scale_code_anywhere_in_a_call(isa: str, row: int) -> None:
+    # One-vector calls of rows whose length is a multiple of 256 (I = 512) run 4 rows at a time in the
+    # avx512_bf16 tier, converting scales without the NaN check where a scan of the call's scale bytes
+    # finds no NaN code. One 0x7f in the last group of a single down row (first, middle, last row: the
+    # end of a call's scales) must still give NaN in that output alone; had the scan missed it, the
+    # code would read as 480 * 2^-8 and y[row] finite.
+    E, H, I = 1, 64, 512
+    rng = np.random.default_rng(row)
+    banks = make_layer(rng, E, H, I)
+    banks["w2_scale"][0, row, -1] = 0x7F
+    ex = fk.MoeExecutor(hidden=H, top_k=1, max_tokens=1, num_threads=2, isa=isa)
+    ex.add_layer(0, "nvfp4", num_experts=E, intermediate=I, banks=banks, activation="silu")
+    x = (2.0 * rng.standard_normal((1, H))).astype(BF16)
+    y = ex.run(0, x, np.zeros((1, 1), np.int32), np.ones((1, 1), np.float32)).astype(np.float32)
+    want = np.zeros((1, H), bool)
+    want[0, row] = True
+    assert np.array_equal(np.isnan(y), want), f"{isa}: NaN at {np.flatnonzero(np.isnan(y))}, want {row}"
+
+
 def test_biases_and_swigluoai_options(isa: str) -> None:
     rng = np.random.default_rng(7)
     E, H, I = 4, 96, 48

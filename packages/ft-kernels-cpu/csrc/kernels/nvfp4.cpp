@@ -279,9 +279,32 @@ FT_TARGET_AVX512_BF16 void nvfp4_rows_vnni(const uint8_t* W, const uint8_t* SC, 
   for (int r = 0; r < nrows; ++r) nvfp4_row_vnni<N>(W + r * ldw, SC + r * lds, xs, K, out + r, os, pf, G[r]);
 }
 
+// Whether none of the scale bytes of nrows rows (n bytes each, ld apart) is an e4m3 NaN code (0x7f,
+// 0xff): then the 4-row kernel converts them without the NaN check (fp8nv::e4m3x16_avx512, the same
+// bits for every other code). One core in cache, qwen3-30b-a3b batch 1: 100.1 -> 97.4 us a step
+// (docs/benchmarks.md, thirty-fourth session).
+FT_TARGET_AVX512_BF16 bool e4m3_no_nan(const uint8_t* sc, size_t ld, int nrows, int n) {
+  const __m512i low7 = _mm512_set1_epi8(0x7f);
+  __mmask64 nan = 0;
+  const size_t len = ld == static_cast<size_t>(n) ? static_cast<size_t>(nrows) * n : static_cast<size_t>(n);
+  for (int r = 0; r < (ld == static_cast<size_t>(n) ? 1 : nrows); ++r) {
+    const uint8_t* p = sc + r * ld;
+    size_t i = 0;
+    for (; i + 64 <= len; i += 64) {
+      nan |= _mm512_cmpeq_epi8_mask(_mm512_and_si512(_mm512_loadu_si512(p + i), low7), low7);
+    }
+    if (i < len) {
+      const __m512i b = _mm512_maskz_loadu_epi8((~0ull) >> (64 - (len - i)), p + i);
+      nan |= _mm512_cmpeq_epi8_mask(_mm512_and_si512(b, low7), low7);
+    }
+  }
+  return nan == 0;
+}
+
 // One row's 256-element block at wb (scales at scb) against x's block record, held in registers (xv:
 // its 4 code lines, start: its offset lanes, d: its scales), into acc: exactly nvfp4_row_vnni<1>'s
 // arithmetic (vnni_sums, then the same conversion, multiply and FMA).
+template <bool NoNan>
 FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void nvfp4_vnni_block1_x(const uint8_t* wb,
                                                                                     const uint8_t* scb,
                                                                                     const __m512i* xv, __m512i start,
@@ -293,7 +316,7 @@ FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void nvfp4_vnni_bloc
   FT_IN_REGISTER(s16);
   __m512i q[4];
   vnni_codes(A, B, q);
-  const __m512 S = fp8nv::e4m3x16_nan_avx512(s16);
+  const __m512 S = NoNan ? fp8nv::e4m3x16_avx512(s16) : fp8nv::e4m3x16_nan_avx512(s16);
   __m512i t = _mm512_dpbusd_epi32(start, q[0], xv[0]);
   t = _mm512_dpbusd_epi32(t, q[1], xv[1]);
   t = _mm512_dpbusd_epi32(t, q[2], xv[2]);
@@ -310,6 +333,7 @@ FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void nvfp4_vnni_bloc
 // operands, and A and B twice each) a row's block took 10 loads of 64 bytes; with all of them held in
 // registers it takes 2 and a quarter of the record's 6: on one Zen 4 core from L3, qwen3-30b-a3b's
 // batch 1 went from 104.5 to 99.0 us a step (docs/benchmarks.md, thirty-fourth session).
+template <bool NoNan>
 FT_TARGET_AVX512_BF16 void nvfp4_rows4_vnni(const uint8_t* w, const uint8_t* sc, const float* g, size_t ldw,
                                             size_t lds, const uint8_t* xq, int K, float* out, const Prefetch& pf) {
   __m512 acc[4];
@@ -334,7 +358,7 @@ FT_TARGET_AVX512_BF16 void nvfp4_rows4_vnni(const uint8_t* w, const uint8_t* sc,
         pf.ahead(w + 2 * c + 128 * i);
         pf.ahead(w + 2 * c + 128 * i + 64);
       }
-      nvfp4_vnni_block1_x(wb, sc + i * lds + c / 16, xv, start, d, acc[i]);
+      nvfp4_vnni_block1_x<NoNan>(wb, sc + i * lds + c / 16, xv, start, d, acc[i]);
     }
   }
   _mm_storeu_ps(out, _mm_mul_ps(rowred::hsum_x4(acc[0], acc[1], acc[2], acc[3]),
@@ -518,7 +542,15 @@ void nvfp4_rows(Isa isa, const uint8_t* W, const uint8_t* SC, const float* G, in
     const bool rows4 = rows4_one || multirow(static_cast<size_t>(K) / 2, 1);
     if (isa == Isa::avx512_bf16 && n == 1 && K % 256 == 0 && rows4) {
       const uint8_t* xq = static_cast<const uint8_t*>(xs[0]);
-      for (; r + 4 <= nrows; r += 4) nvfp4_rows4_vnni(W + r * ldw, SC + r * lds, G + r, ldw, lds, xq, K, out + r, pf);
+      if (e4m3_no_nan(SC, lds, nrows / 4 * 4, K / 16)) {
+        for (; r + 4 <= nrows; r += 4) {
+          nvfp4_rows4_vnni<true>(W + r * ldw, SC + r * lds, G + r, ldw, lds, xq, K, out + r, pf);
+        }
+      } else {
+        for (; r + 4 <= nrows; r += 4) {
+          nvfp4_rows4_vnni<false>(W + r * ldw, SC + r * lds, G + r, ldw, lds, xq, K, out + r, pf);
+        }
+      }
     }
     if (isa == Isa::avx512_bf16 && n >= 2 && K % 256 == 0 && multirow(static_cast<size_t>(K) / 2, n)) {
       const uint8_t* const* xq = reinterpret_cast<const uint8_t* const*>(xs);
