@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "avx2_pairs.h"
+#include "byte_scan.h"
 #include "dispatch_n.h"
 #include "fp4_avx512.h"
 #include "fp4_common.h"
@@ -1022,20 +1023,16 @@ void q8a_prep_vec(const float* v, int i0, int i1, void* out) {
 }
 
 #if FT_X86
-FT_TARGET_AVX512 bool e8m0_all_normal(const uint8_t* s, size_t n) {
-  // min(b, b + 1) is 0 exactly where b is 0 or 255 (b + 1 wraps); the tail's missing bytes read as 1.
-  __m512i m = _mm512_set1_epi8(1);
-  size_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    const __m512i b = _mm512_loadu_si512(s + i);
-    m = _mm512_min_epu8(m, _mm512_min_epu8(b, _mm512_add_epi8(b, _mm512_set1_epi8(1))));
+namespace {
+// The e8m0 bytes that are not a normal power of two: 0 (the denormal 2^-127) and 255 (NaN).
+struct E8m0Special {
+  FT_TARGET_AVX512 __attribute__((always_inline)) __mmask64 operator()(__m512i b) const {
+    return _mm512_cmpeq_epi8_mask(b, _mm512_setzero_si512()) | _mm512_cmpeq_epi8_mask(b, _mm512_set1_epi8(-1));
   }
-  if (i < n) {
-    const __m512i b = _mm512_mask_loadu_epi8(_mm512_set1_epi8(1), (~0ull) >> (64 - (n - i)), s + i);
-    m = _mm512_min_epu8(m, _mm512_min_epu8(b, _mm512_add_epi8(b, _mm512_set1_epi8(1))));
-  }
-  return _mm512_cmpeq_epi8_mask(m, _mm512_setzero_si512()) == 0;
-}
+};
+}  // namespace
+
+FT_TARGET_AVX512 bool e8m0_all_normal(const uint8_t* s, size_t n) { return no_byte_hits(s, n, 1, E8m0Special{}); }
 
 namespace {
 // One call of an int8 row kernel: the vectors as bytes (at most kMaxVectors), the weight and scale

@@ -36,6 +36,7 @@
 
 #include "format.h"
 #include "kernels/avx2_pairs.h"
+#include "kernels/byte_scan.h"
 #include "kernels/fp8nv_common.h"
 #include "kernels/int8_codes.h"
 #include "kernels/row_reduce.h"
@@ -279,27 +280,15 @@ FT_TARGET_AVX512_BF16 void nvfp4_rows_vnni(const uint8_t* W, const uint8_t* SC, 
   for (int r = 0; r < nrows; ++r) nvfp4_row_vnni<N>(W + r * ldw, SC + r * lds, xs, K, out + r, os, pf, G[r]);
 }
 
-// Whether none of the scale bytes of nrows rows (n bytes each, ld apart) is an e4m3 NaN code (0x7f,
-// 0xff): then the 4-row kernel converts them without the NaN check (fp8nv::e4m3x16_avx512, the same
-// bits for every other code). One core in cache, qwen3-30b-a3b batch 1: 100.1 -> 97.4 us a step
-// (docs/benchmarks.md, thirty-fourth session).
-FT_TARGET_AVX512_BF16 bool e4m3_no_nan(const uint8_t* sc, size_t ld, int nrows, int n) {
-  const __m512i low7 = _mm512_set1_epi8(0x7f);
-  __mmask64 nan = 0;
-  const size_t len = ld == static_cast<size_t>(n) ? static_cast<size_t>(nrows) * n : static_cast<size_t>(n);
-  for (int r = 0; r < (ld == static_cast<size_t>(n) ? 1 : nrows); ++r) {
-    const uint8_t* p = sc + r * ld;
-    size_t i = 0;
-    for (; i + 64 <= len; i += 64) {
-      nan |= _mm512_cmpeq_epi8_mask(_mm512_and_si512(_mm512_loadu_si512(p + i), low7), low7);
-    }
-    if (i < len) {
-      const __m512i b = _mm512_maskz_loadu_epi8((~0ull) >> (64 - (len - i)), p + i);
-      nan |= _mm512_cmpeq_epi8_mask(_mm512_and_si512(b, low7), low7);
-    }
+// The e4m3 NaN codes, 0x7f and 0xff.
+struct E4m3Nan {
+  FT_TARGET_AVX512 __attribute__((always_inline)) __mmask64 operator()(__m512i b) const {
+    const __m512i low7 = _mm512_set1_epi8(0x7f);
+    return _mm512_cmpeq_epi8_mask(_mm512_and_si512(b, low7), low7);
   }
-  return nan == 0;
-}
+};
+// Whether none of the n scale bytes at s is an e4m3 NaN code.
+FT_TARGET_AVX512 bool e4m3_no_nan(const uint8_t* s, size_t n) { return no_byte_hits(s, n, 0, E4m3Nan{}); }
 
 // One row's 256-element block at wb (scales at scb) against x's block record, held in registers (xv:
 // its 4 code lines, start: its offset lanes, d: its scales), into acc: exactly nvfp4_row_vnni<1>'s
@@ -542,7 +531,10 @@ void nvfp4_rows(Isa isa, const uint8_t* W, const uint8_t* SC, const float* G, in
     const bool rows4 = rows4_one || multirow(static_cast<size_t>(K) / 2, 1);
     if (isa == Isa::avx512_bf16 && n == 1 && K % 256 == 0 && rows4) {
       const uint8_t* xq = static_cast<const uint8_t*>(xs[0]);
-      if (e4m3_no_nan(SC, lds, nrows / 4 * 4, K / 16)) {
+      // Where the call's scale bytes hold no NaN code the 4-row kernel converts them without the NaN
+      // check (fp8nv::e4m3x16_avx512, the same bits for every other code). One core in cache,
+      // qwen3-30b-a3b batch 1: 100.1 -> 97.4 us a step (docs/benchmarks.md, thirty-fourth session).
+      if (e4m3_no_nan(SC, static_cast<size_t>(nrows / 4 * 4) * lds)) {
         for (; r + 4 <= nrows; r += 4) {
           nvfp4_rows4_vnni<true>(W + r * ldw, SC + r * lds, G + r, ldw, lds, xq, K, out + r, pf);
         }
