@@ -428,24 +428,36 @@ def test_int8_codes_of_the_prep_match_numpy(n: int) -> None:
 
 
 @pytest.mark.skipif("avx512_bf16" not in TIERS, reason="no avx512_bf16 tier here")
-@pytest.mark.parametrize("K", [512, 768, 2880, 160])
-def test_avx512_bf16_step_rows_match_float64_whatever_the_call(K: int) -> None:
-    # The one-vector step kernel on its own: each row's fp32 result must not depend on the rows
-    # called with it (the executor's bits must not depend on thread count or unit sizes), and must
-    # match float64 on the dequantized weights and x rounded as the kernel's int8 codes per 128.
-    # K = 768 / 2880 / 160 end in a partial group of 16 blocks (160: no whole group), whose lanes past
-    # the row's end take scale +0 (fp4_avx512.h's e8m0x16).
+@pytest.mark.parametrize("K", [512, 768, 2880, 160, 32, 96, 544, 704, 736, 800])
+@pytest.mark.parametrize("special", [False, True])
+def test_avx512_bf16_step_rows_match_float64_whatever_the_call(K: int, special: bool) -> None:
+    # The one-vector step kernels on their own: each row's fp32 result must not depend on the rows
+    # called with it (the executor's bits must not depend on thread count or unit sizes) nor on the
+    # kernel that reads it (fp4::Q8Rows: rows of K <= 768 with x in registers, rows from x's records in
+    # memory, 4 rows side by side), and must match float64 on the dequantized weights and x rounded as
+    # the kernels' int8 codes per 128. K = 768 / 2880 / 160 / 704 end in a partial group of 16 blocks
+    # (160: no whole group), whose lanes past the row's end take scale +0 (fp4_avx512.h's e8m0x16);
+    # 32 / 96 / 544 / 736 also in a partial step; 800 is the shortest row past the register kernel.
+    # `special`: one scale byte of the call is 0 (the denormal 2^-127), so the kernels take the
+    # general scale conversion instead of the shift (fp4::e8m0_all_normal).
     from ft_kernels_cpu._native import native
 
     rng = np.random.default_rng(K)
     rows = 11
     blocks = random_fp4(rng, (rows, K // 32, 16))
     scales = random_scales(rng, (rows, K // 32), 118, 125)
+    if special:
+        scales[rows // 2, -1] = 0
     x = (2 * rng.standard_normal(K)).astype(np.float32)
     args = (blocks.tobytes(), scales.tobytes(), x.tobytes(), K)
     alone = np.frombuffer(native._mxfp4_q8_rows(*args, 1), np.float32)
     grouped = np.frombuffer(native._mxfp4_q8_rows(*args, rows), np.float32)
     np.testing.assert_array_equal(grouped, alone)
+    for kernel in ("from_records", "four_at_a_time"):
+        other = np.frombuffer(native._mxfp4_q8_rows(*args, rows, kernel), np.float32)
+        np.testing.assert_array_equal(other, grouped, err_msg=kernel)
+    with pytest.raises(fk.KernelError, match="kernel must be fastest, from_records or four_at_a_time"):
+        native._mxfp4_q8_rows(*args, rows, "registers")
     w = dequant_fp4(blocks, scales).astype(np.float64)  # [rows, K]
     xe = q8_emulate(x, 128)
     ref = w @ xe

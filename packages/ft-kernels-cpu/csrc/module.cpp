@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cstring>
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "executor.h"
@@ -75,10 +77,19 @@ PYBIND11_MODULE(_ft_kernels_cpu, m) {
       py::arg("values"), py::arg("simd"));
   m.def(
       "_mxfp4_q8_rows",
-      [](const py::bytes& blocks, const py::bytes& scales, const py::bytes& x, int K, int rows_per_call) {
-        // mxfp4's avx512_bf16 one-vector row kernel (step records) on nrows rows of K, in calls of
-        // rows_per_call rows: fp32 results for the tests (against float64, and the same bits however
-        // the rows are called).
+      [](const py::bytes& blocks, const py::bytes& scales, const py::bytes& x, int K, int rows_per_call,
+         const std::string& kernel) {
+        // mxfp4's avx512_bf16 one-vector row kernels (step records) on nrows rows of K, in calls of
+        // rows_per_call rows, by `kernel` (fp4::Q8Rows: "fastest", "from_records", "four_at_a_time"):
+        // fp32 results for the tests (against float64, and the same bits however the rows are called
+        // and whichever kernel reads them).
+        const std::map<std::string, ft::fp4::Q8Rows> kernels = {{"fastest", ft::fp4::Q8Rows::fastest},
+                                                                {"from_records", ft::fp4::Q8Rows::from_records},
+                                                                {"four_at_a_time", ft::fp4::Q8Rows::four_at_a_time}};
+        const auto how = kernels.find(kernel);
+        if (how == kernels.end()) {
+          throw ft::Error("kernel must be fastest, from_records or four_at_a_time, got '" + kernel + "'");
+        }
         const std::string w = blocks, s = scales, xv = x;
         if (ft::cpu_best_isa() < ft::Isa::avx512_bf16) throw ft::Error("_mxfp4_q8_rows needs the avx512_bf16 tier");
         if (K <= 0 || K % 32 != 0 || xv.size() != K * sizeof(float)) throw ft::Error("x must be K float32, K % 32 == 0");
@@ -94,11 +105,13 @@ PYBIND11_MODULE(_ft_kernels_cpu, m) {
         const auto* sp = reinterpret_cast<const uint8_t*>(s.data());
         for (size_t r = 0; r < nrows; r += rows_per_call) {
           const int n = static_cast<int>(std::min<size_t>(rows_per_call, nrows - r));
-          ft::fp4::q8_dot_rows_multi(wp + r * (K / 2), sp + r * (K / 32), n, xs, 1, K, out.data() + r, 0, 0);
+          ft::fp4::q8_dot_rows_one_vector(wp + r * (K / 2), sp + r * (K / 32), n, xs[0], K, out.data() + r, 0,
+                                          how->second);
         }
         return py::bytes(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float));
       },
-      py::arg("blocks"), py::arg("scales"), py::arg("x"), py::arg("K"), py::arg("rows_per_call"));
+      py::arg("blocks"), py::arg("scales"), py::arg("x"), py::arg("K"), py::arg("rows_per_call"),
+      py::arg("kernel") = "fastest");
   m.def("cpu_amx_bf16", [] { return ft::cpu_amx_bf16(); });
   m.def("physical_cores", [] { return static_cast<int>(ft::physical_core_cpus().size()); });
 

@@ -101,6 +101,15 @@ void q8_prep_vec(const float* v, int i0, int i1, int K, void* out);
 // 0.726 against 0.664 at two from a 20 MiB pool), so that special case went (docs/benchmarks.md).
 void q8_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
                        float* out, int os, int prefetch, bool by_multirow = false);
+// One vector's rows (q8_dot_rows_multi's n == 1) by a chosen kernel, all with the same bits a row:
+//   fastest         rows of K <= 768 with x's codes in registers (dot_rows_q8_xreg), longer rows one at a
+//                   time from x's records in memory (dot_rows_q8); q8_dot_rows_multi's default
+//   from_records    every row by dot_rows_q8
+//   four_at_a_time  4 rows side by side (dot_rows_q8_x4), the rows left over as `fastest`
+// (the tests compare the three bit for bit: _mxfp4_q8_rows).
+enum class Q8Rows { fastest, from_records, four_at_a_time };
+void q8_dot_rows_one_vector(const uint8_t* W, const uint8_t* S, int nrows, const void* x, int K, float* out,
+                            int prefetch, Q8Rows how);
 
 // The same int8 activations in group records (q8g_*: mxfp4's calls of several vectors, and of one
 // with FT_CPU_MOE_MXFP4_KERNELS=groups): a vector of K elements as groups of 512 (16 blocks of 32 in

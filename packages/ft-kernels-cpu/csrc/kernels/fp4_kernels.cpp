@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "avx2_pairs.h"
 #include "byte_scan.h"
@@ -519,6 +520,71 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8_x4(const uint8_t* W, const uint8_t* S, co
   }
   _mm_storeu_ps(out, rowred::hsum_x4(_mm512_add_ps(a0[0], a1[0]), _mm512_add_ps(a0[1], a1[1]),
                                      _mm512_add_ps(a0[2], a1[2]), _mm512_add_ps(a0[3], a1[3])));
+}
+
+// One vector against rows of NB <= 24 blocks (K <= 768: the down rows of Qwen3-30B-A3B and Gemma 4),
+// x's codes and offset lanes held in registers (18 of the 32 at K = 768) for the whole call: a step
+// loads only its 64 bytes of weights, where dot_rows_q8 loads x's record too (3 more 64-byte loads;
+// Zen 4 loads one such vector a cycle, and the step's 8 operations take 4). One Zen 4 core, rows of
+// K = 768 (tools/row_stream_probe.cpp; docs/benchmarks.md, thirty-fifth session): from L2 28 -> 35
+// GB/s, from DRAM 21 -> 24. Each row's arithmetic is dot_rows_q8<1, Normal>'s (the same two accumulators, steps in
+// the same order, a partial last group into the first, the same reduction), so its bits are the same.
+constexpr int kQ8RegBlocks = 24;
+
+// f(std::integral_constant<int, i>) for i = 0 .. N - 1, in order: indices that must be constants (into
+// arrays of registers), where a loop is not always unrolled.
+template <class F, int... I>
+FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void for_each_index(F&& f, std::integer_sequence<int, I...>) {
+  (f(std::integral_constant<int, I>{}), ...);
+}
+
+template <int NB, bool Normal>
+FT_TARGET_AVX512_BF16 void dot_rows_q8_xreg(const uint8_t* W, const uint8_t* S, int nrows, const uint8_t* x,
+                                            float* out, const Streams& pf) {
+  static_assert(NB >= 1 && NB <= kQ8RegBlocks, "x's records of up to 6 steps fit the registers");
+  constexpr int kSteps = (NB + 3) / 4;
+  const __m512i lut = e2m1_u8_table();
+  const __m512i idx[4] = {scale_index(0), scale_index(1), scale_index(2), scale_index(3)};
+  __m512i xl[kSteps], xh[kSteps], xst[kSteps];
+  __m512 dxl[(NB + 15) / 16];
+  for_each_index(
+      [&](auto t) FT_TARGET_AVX512_BF16 __attribute__((always_inline)) {
+        xl[t] = _mm512_loadu_si512(x + q8_step_offset(t));
+        xh[t] = _mm512_loadu_si512(x + q8_step_offset(t) + 64);
+        xst[t] = _mm512_loadu_si512(x + q8_step_offset(t) + 128);
+        if constexpr (t % 4 == 0) dxl[t / 4] = _mm512_loadu_ps(x + t / 4 * kQ8GroupBytes + 4 * kQ8StepBytes);
+      },
+      std::make_integer_sequence<int, kSteps>{});
+  for (int r = 0; r < nrows; ++r) {
+    const uint8_t* w = W + static_cast<size_t>(r) * (NB * 16);
+    const uint8_t* s = S + static_cast<size_t>(r) * NB;
+    if (pf.s.dist) pf.s.ahead(s);
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), sx;
+    for_each_index(
+        [&](auto t) FT_TARGET_AVX512_BF16 __attribute__((always_inline)) {
+          constexpr int g = t / 4, u = t % 4, left = NB - 16 * g;  // left: blocks from this group on
+          if constexpr (u == 0) sx = _mm512_mul_ps(e8m0x16_as<Normal>(s + 16 * g, std::min(left, 16)), dxl[g]);
+          const uint8_t* wp = w + 64 * t;
+          if (pf.w.dist) pf.w.ahead(wp);
+          __m512i wv = load_blocks(wp, std::min(NB - 4 * t, 4));
+          FT_IN_REGISTER(wv);
+          const __m512i lo = _mm512_permutexvar_epi8(wv, lut);
+          const __m512i hi = _mm512_permutexvar_epi8(_mm512_srli_epi16(wv, 4), lut);
+          const __m512i d = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(xst[t], lo, xl[t]), hi, xh[t]);
+          __m512& acc = left >= 16 && u % 2 == 1 ? a1 : a0;
+          acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_permutexvar_ps(idx[u], sx), acc);
+        },
+        std::make_integer_sequence<int, kSteps>{});
+    out[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+  }
+}
+
+// dot_rows_q8_xreg<nb, Normal> for the call's nb (1 .. kQ8RegBlocks) blocks a row.
+template <bool Normal, int... I>
+FT_TARGET_AVX512_BF16 void dot_rows_q8_xreg_nb(int nb, const uint8_t* W, const uint8_t* S, int nrows,
+                                               const uint8_t* x, float* out, const Streams& pf,
+                                               std::integer_sequence<int, I...>) {
+  (void)((nb == I + 1 && (dot_rows_q8_xreg<I + 1, Normal>(W, S, nrows, x, out, pf), true)) || ...);
 }
 
 // ---- int8 activations in group records (q8g_*, fp4_common.h) ----
@@ -1063,24 +1129,59 @@ void q8a_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const voi
 #endif
 }
 
+namespace {
+#if FT_X86
+// One vector's rows by `how` (q8_dot_rows_one_vector).
+template <bool Normal>
+FT_TARGET_AVX512_BF16 void q8_one_vector_rows(const uint8_t* W, const uint8_t* S, int nrows, const uint8_t* x, int K,
+                                              float* out, const Streams& pf, Q8Rows how) {
+  const size_t ldw = static_cast<size_t>(K) / 2, lds = static_cast<size_t>(K) / 32;
+  int r = 0;
+  if (how == Q8Rows::four_at_a_time) {
+    for (; r + 4 <= nrows; r += 4) dot_rows_q8_x4<Normal>(W + r * ldw, S + r * lds, x, K, out + r, pf);
+  }
+  if (r == nrows) return;
+  if (how != Q8Rows::from_records && K / 32 <= kQ8RegBlocks) {
+    dot_rows_q8_xreg_nb<Normal>(K / 32, W + r * ldw, S + r * lds, nrows - r, x, out + r, pf,
+                                std::make_integer_sequence<int, kQ8RegBlocks>{});
+  } else {
+    const uint8_t* const xs[1] = {x};
+    dot_rows_q8<1, Normal>(W + r * ldw, S + r * lds, nrows - r, xs, K, out + r, 0, pf);
+  }
+}
+#endif
+}  // namespace
+
+void q8_dot_rows_one_vector(const uint8_t* W, const uint8_t* S, int nrows, const void* x, int K, float* out,
+                            int prefetch, Q8Rows how) {
+#if FT_X86
+  q8_call(W, S, nrows, &x, 1, K, prefetch, [&](auto, const uint8_t* const* xq, const Streams& pf) {
+    if (e8m0_all_normal(S, static_cast<size_t>(nrows) * (K / 32))) {
+      q8_one_vector_rows<true>(W, S, nrows, xq[0], K, out, pf, how);
+    } else {
+      q8_one_vector_rows<false>(W, S, nrows, xq[0], K, out, pf, how);
+    }
+  });
+#else
+  (void)W, (void)S, (void)nrows, (void)x, (void)K, (void)out, (void)prefetch, (void)how;
+  throw Error("fp4 int8 kernels need x86 (AVX512-VNNI)");
+#endif
+}
+
 void q8_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
                        float* out, int os, int prefetch, bool by_multirow) {
 #if FT_X86
+  if (n == 1) {
+    const bool four = by_multirow && multirow(static_cast<size_t>(K) / 2, 1);
+    q8_dot_rows_one_vector(W, S, nrows, xs[0], K, out, prefetch, four ? Q8Rows::four_at_a_time : Q8Rows::fastest);
+    return;
+  }
   q8_call(W, S, nrows, xs, n, K, prefetch, [&](auto nv, const uint8_t* const* xq, const Streams& pf) {
     constexpr int NV = decltype(nv)::value;
-    const size_t ldw = static_cast<size_t>(K) / 2, lds = static_cast<size_t>(K) / 32;
-    auto rows = [&](auto normal) {
-      constexpr bool N = decltype(normal)::value;
-      int r = 0;
-      if (NV == 1 && by_multirow && multirow(ldw, 1)) {
-        for (; r + 4 <= nrows; r += 4) dot_rows_q8_x4<N>(W + r * ldw, S + r * lds, xq[0], K, out + r, pf);
-      }
-      if (r < nrows) dot_rows_q8<NV, N>(W + r * ldw, S + r * lds, nrows - r, xq, K, out + r, os, pf);
-    };
-    if (e8m0_all_normal(S, static_cast<size_t>(nrows) * lds)) {
-      rows(std::true_type{});
+    if (e8m0_all_normal(S, static_cast<size_t>(nrows) * (K / 32))) {
+      dot_rows_q8<NV, true>(W, S, nrows, xq, K, out, os, pf);
     } else {
-      rows(std::false_type{});
+      dot_rows_q8<NV, false>(W, S, nrows, xq, K, out, os, pf);
     }
   });
 #else
