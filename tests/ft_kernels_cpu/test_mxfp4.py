@@ -428,16 +428,19 @@ def test_int8_codes_of_the_prep_match_numpy(n: int) -> None:
 
 
 @pytest.mark.skipif("avx512_bf16" not in TIERS, reason="no avx512_bf16 tier here")
-@pytest.mark.parametrize("K", [512, 768, 2880, 160, 32, 96, 544, 704, 736, 800])
+@pytest.mark.parametrize("K", [512, 768, 2880, 160, 32, 96, 544, 704, 736, 800, 1024, 1056, 2048, 4608])
 @pytest.mark.parametrize("special", [False, True])
 def test_avx512_bf16_step_rows_match_float64_whatever_the_call(K: int, special: bool) -> None:
     # The one-vector step kernels on their own: each row's fp32 result must not depend on the rows
     # called with it (the executor's bits must not depend on thread count or unit sizes) nor on the
-    # kernel that reads it (fp4::Q8Rows: rows of K <= 768 with x in registers, rows from x's records in
-    # memory, 4 rows side by side), and must match float64 on the dequantized weights and x rounded as
-    # the kernels' int8 codes per 128. K = 768 / 2880 / 160 / 704 end in a partial group of 16 blocks
-    # (160: no whole group), whose lanes past the row's end take scale +0 (fp4_avx512.h's e8m0x16);
-    # 32 / 96 / 544 / 736 also in a partial step; 800 is the shortest row past the register kernel.
+    # kernel that reads it (fp4::Q8Rows: rows of K <= 768 with x in registers; rows of whole groups
+    # unrolled with their first 8 steps' x codes in registers and a tail of blocks after them, up to
+    # K = 4607; rows from x's records in memory; 4 rows side by side), and must match float64 on the
+    # dequantized weights and x rounded as the kernels' int8 codes per 128. K = 768 / 2880 / 160 / 704 /
+    # 800 / 1056 end in a partial group of 16 blocks (160: no whole group), whose lanes past the row's
+    # end take scale +0 (fp4_avx512.h's e8m0x16); 32 / 96 / 544 / 736 also in a partial step. 800 is
+    # the shortest row of the group kernel (one group and a tail), 1024 its shortest with no tail, 4608
+    # the shortest past it (from records).
     # `special`: one scale byte of the call is 0 (the denormal 2^-127), so the kernels take the
     # general scale conversion instead of the shift (fp4::e8m0_all_normal).
     from ft_kernels_cpu._native import native

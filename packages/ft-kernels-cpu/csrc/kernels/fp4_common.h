@@ -102,8 +102,10 @@ void q8_prep_vec(const float* v, int i0, int i1, int K, void* out);
 void q8_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K,
                        float* out, int os, int prefetch, bool by_multirow = false);
 // One vector's rows (q8_dot_rows_multi's n == 1) by a chosen kernel, all with the same bits a row:
-//   fastest         rows of K <= 768 with x's codes in registers (dot_rows_q8_xreg), longer rows one at a
-//                   time from x's records in memory (dot_rows_q8); q8_dot_rows_multi's default
+//   fastest         rows of K <= 768 with x's codes in registers (dot_rows_q8_xreg); rows of K < 4608 with
+//                   their whole groups unrolled, the first 8 steps' x codes in registers
+//                   (dot_rows_q8_groups); longer rows from x's records in memory (dot_rows_q8);
+//                   q8_dot_rows_multi's default
 //   from_records    every row by dot_rows_q8
 //   four_at_a_time  4 rows side by side (dot_rows_q8_x4), the rows left over as `fastest`
 // (the tests compare the three bit for bit: _mxfp4_q8_rows).

@@ -395,6 +395,27 @@ FT_TARGET_AVX512_BF16 inline void step_q8(const uint8_t* w, int blocks, const __
   }
 }
 
+// step_q8<1>'s arithmetic with x's step record given as values (held in registers by the caller): its
+// even and odd codes xl, xh and its offset lanes start; sx: the group's scales times dx.
+FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void step_q8_x(const uint8_t* w, int blocks, __m512 sx,
+                                                                           __m512i idx, __m512i xl, __m512i xh,
+                                                                           __m512i start, __m512i lut, __m512& acc) {
+  __m512i wv = load_blocks(w, blocks);
+  FT_IN_REGISTER(wv);
+  const __m512i lo = _mm512_permutexvar_epi8(wv, lut);
+  const __m512i hi = _mm512_permutexvar_epi8(_mm512_srli_epi16(wv, 4), lut);
+  const __m512i d = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(start, lo, xl), hi, xh);
+  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_permutexvar_ps(idx, sx), acc);
+}
+
+// f(std::integral_constant<int, i>) for i = 0 .. N - 1, in order: indices that must be constants (into
+// arrays of registers), where a loop is not always unrolled.
+template <class F, int... I>
+FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void for_each_index(F&& f,
+                                                                               std::integer_sequence<int, I...>) {
+  (f(std::integral_constant<int, I>{}), ...);
+}
+
 // The n (1 .. 16) blocks of a group whose scales are at s, x's records of the group at xo: their e8m0
 // scales times each vector's dx lanes (Normal: every scale of the call in [1, 254], e8m0x16_normal).
 template <int NV, bool Normal>
@@ -531,13 +552,6 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8_x4(const uint8_t* W, const uint8_t* S, co
 // the same order, a partial last group into the first, the same reduction), so its bits are the same.
 constexpr int kQ8RegBlocks = 24;
 
-// f(std::integral_constant<int, i>) for i = 0 .. N - 1, in order: indices that must be constants (into
-// arrays of registers), where a loop is not always unrolled.
-template <class F, int... I>
-FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline void for_each_index(F&& f, std::integer_sequence<int, I...>) {
-  (f(std::integral_constant<int, I>{}), ...);
-}
-
 template <int NB, bool Normal>
 FT_TARGET_AVX512_BF16 void dot_rows_q8_xreg(const uint8_t* W, const uint8_t* S, int nrows, const uint8_t* x,
                                             float* out, const Streams& pf) {
@@ -566,13 +580,8 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8_xreg(const uint8_t* W, const uint8_t* S, 
           if constexpr (u == 0) sx = _mm512_mul_ps(e8m0x16_as<Normal>(s + 16 * g, std::min(left, 16)), dxl[g]);
           const uint8_t* wp = w + 64 * t;
           if (pf.w.dist) pf.w.ahead(wp);
-          __m512i wv = load_blocks(wp, std::min(NB - 4 * t, 4));
-          FT_IN_REGISTER(wv);
-          const __m512i lo = _mm512_permutexvar_epi8(wv, lut);
-          const __m512i hi = _mm512_permutexvar_epi8(_mm512_srli_epi16(wv, 4), lut);
-          const __m512i d = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(xst[t], lo, xl[t]), hi, xh[t]);
-          __m512& acc = left >= 16 && u % 2 == 1 ? a1 : a0;
-          acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_permutexvar_ps(idx[u], sx), acc);
+          step_q8_x(wp, std::min(NB - 4 * t, 4), sx, idx[u], xl[t], xh[t], xst[t], lut,
+                    left >= 16 && u % 2 == 1 ? a1 : a0);
         },
         std::make_integer_sequence<int, kSteps>{});
     out[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
@@ -585,6 +594,66 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8_xreg_nb(int nb, const uint8_t* W, const u
                                                const uint8_t* x, float* out, const Streams& pf,
                                                std::integer_sequence<int, I...>) {
   (void)((nb == I + 1 && (dot_rows_q8_xreg<I + 1, Normal>(W, S, nrows, x, out, pf), true)) || ...);
+}
+
+// One vector against rows of G whole groups (1 .. kQ8GroupRowsMax) and `tail` (0 .. 15) blocks after
+// them, K > 768: the whole groups' steps unrolled, those of the first two groups (or the one) against
+// x's codes held in registers for the call (16 registers; 10 steps spilled), the tail as dot_rows_q8's
+// last group. One Zen 4 core in cache, qwen3-30b-a3b's gate/up rows (K = 2048): pass 1 54 -> 48-51 us
+// a step (docs/benchmarks.md, thirty-fifth session), where the same kernel with a loop over its groups
+// after the register steps gained nothing. Each row's arithmetic is dot_rows_q8<1, Normal>'s.
+constexpr int kQ8GroupRowsMax = 8;  // K < 4608
+template <int G, bool Normal>
+FT_TARGET_AVX512_BF16 void dot_rows_q8_groups(const uint8_t* W, const uint8_t* S, int nrows, const uint8_t* x,
+                                              int tail, float* out, const Streams& pf) {
+  constexpr int kSteps = 4 * G, kRegSteps = std::min(kSteps, 8);
+  const int nb = 16 * G + tail;
+  const __m512i lut = e2m1_u8_table();
+  const __m512i idx[4] = {scale_index(0), scale_index(1), scale_index(2), scale_index(3)};
+  const uint8_t* const xs[1] = {x};
+  __m512i xl[kRegSteps], xh[kRegSteps];
+  for_each_index(
+      [&](auto t) FT_TARGET_AVX512_BF16 __attribute__((always_inline)) {
+        xl[t] = _mm512_loadu_si512(x + q8_step_offset(t));
+        xh[t] = _mm512_loadu_si512(x + q8_step_offset(t) + 64);
+      },
+      std::make_integer_sequence<int, kRegSteps>{});
+  for (int r = 0; r < nrows; ++r) {
+    const uint8_t* w = W + static_cast<size_t>(r) * nb * 16;
+    const uint8_t* s = S + static_cast<size_t>(r) * nb;
+    if (pf.s.dist) pf.s.ahead(s);
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), sx;
+    for_each_index(
+        [&](auto t) FT_TARGET_AVX512_BF16 __attribute__((always_inline)) {
+          constexpr int u = t % 4;
+          const uint8_t* xr = x + q8_step_offset(t);
+          if constexpr (u == 0) q8_group_scales<1, Normal>(s + 4 * t, 16, t / 4 * kQ8GroupBytes, xs, &sx);
+          if (pf.w.dist) pf.w.ahead(w + 64 * t);
+          __m512& acc = u % 2 ? a1 : a0;
+          if constexpr (t < kRegSteps) {
+            step_q8_x(w + 64 * t, 4, sx, idx[u], xl[t], xh[t], _mm512_loadu_si512(xr + 128), lut, acc);
+          } else {
+            step_q8_x(w + 64 * t, 4, sx, idx[u], _mm512_loadu_si512(xr), _mm512_loadu_si512(xr + 64),
+                      _mm512_loadu_si512(xr + 128), lut, acc);
+          }
+        },
+        std::make_integer_sequence<int, kSteps>{});
+    if (tail) {
+      const size_t xo = G * kQ8GroupBytes;
+      q8_group_scales<1, Normal>(s + 16 * G, tail, xo, xs, &sx);
+      using Last = LastGroupStep<&step_q8<1>, kQ8StepBytes, const uint8_t* const*, Prefetch>;
+      last_group_steps<0>(tail, Last{w + 256 * G, &sx, idx, xs, xo, lut, &a0, pf.w});
+    }
+    out[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+  }
+}
+
+// dot_rows_q8_groups<nb / 16, Normal> for the call's nb blocks a row (16 .. 16 kQ8GroupRowsMax + 15).
+template <bool Normal, int... I>
+FT_TARGET_AVX512_BF16 void dot_rows_q8_groups_nb(int nb, const uint8_t* W, const uint8_t* S, int nrows,
+                                                 const uint8_t* x, float* out, const Streams& pf,
+                                                 std::integer_sequence<int, I...>) {
+  (void)((nb / 16 == I + 1 && (dot_rows_q8_groups<I + 1, Normal>(W, S, nrows, x, nb % 16, out, pf), true)) || ...);
 }
 
 // ---- int8 activations in group records (q8g_*, fp4_common.h) ----
@@ -1144,6 +1213,9 @@ FT_TARGET_AVX512_BF16 void q8_one_vector_rows(const uint8_t* W, const uint8_t* S
   if (how != Q8Rows::from_records && K / 32 <= kQ8RegBlocks) {
     dot_rows_q8_xreg_nb<Normal>(K / 32, W + r * ldw, S + r * lds, nrows - r, x, out + r, pf,
                                 std::make_integer_sequence<int, kQ8RegBlocks>{});
+  } else if (how != Q8Rows::from_records && K / 32 < 16 * (kQ8GroupRowsMax + 1)) {
+    dot_rows_q8_groups_nb<Normal>(K / 32, W + r * ldw, S + r * lds, nrows - r, x, out + r, pf,
+                                  std::make_integer_sequence<int, kQ8GroupRowsMax>{});
   } else {
     const uint8_t* const xs[1] = {x};
     dot_rows_q8<1, Normal>(W + r * ldw, S + r * lds, nrows - r, xs, K, out + r, 0, pf);
