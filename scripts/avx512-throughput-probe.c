@@ -30,9 +30,22 @@ static double cycle_ns(void) {
 }
 #define BODY12(ins) ins(0) ins(1) ins(2) ins(3) ins(4) ins(5) ins(6) ins(7) ins(8) ins(9) ins(10) ins(11)
 #define R(n) "%%zmm" #n
+// Every zmm the loops read starts at 1.0f (0x3f800000 in each dword): no FP operand is a denormal or
+// NaN, whose microcode assists would time the assist, not the instruction.
+#define INIT16 __asm__ volatile("vbroadcastss %0, %%zmm0\n\tvmovaps %%zmm0, %%zmm1\n\tvmovaps %%zmm0, %%zmm2\n\t" \
+    "vmovaps %%zmm0, %%zmm3\n\tvmovaps %%zmm0, %%zmm4\n\tvmovaps %%zmm0, %%zmm5\n\tvmovaps %%zmm0, %%zmm6\n\t" \
+    "vmovaps %%zmm0, %%zmm7\n\tvmovaps %%zmm0, %%zmm8\n\tvmovaps %%zmm0, %%zmm9\n\tvmovaps %%zmm0, %%zmm10\n\t" \
+    "vmovaps %%zmm0, %%zmm11\n\tvmovaps %%zmm0, %%zmm12\n\tvmovaps %%zmm0, %%zmm13\n\tvmovaps %%zmm0, %%zmm14\n\t" \
+    "vmovaps %%zmm0, %%zmm15\n\tvmovaps %%zmm0, %%zmm16\n\tvmovaps %%zmm0, %%zmm17\n\tvmovaps %%zmm0, %%zmm18\n\t" \
+    "vmovaps %%zmm0, %%zmm19\n\tvmovaps %%zmm0, %%zmm20\n\tvmovaps %%zmm0, %%zmm21\n\tvmovaps %%zmm0, %%zmm22\n\t" \
+    "vmovaps %%zmm0, %%zmm23\n\tvmovaps %%zmm0, %%zmm24\n\tvmovaps %%zmm0, %%zmm25\n\tvmovaps %%zmm0, %%zmm26\n\t" \
+    "vmovaps %%zmm0, %%zmm27" :: "m"(kOne) : CLOBBERS)
+#define CLOBBERS "xmm0","xmm1","xmm2","xmm3","xmm4","xmm5","xmm6","xmm7","xmm8","xmm9","xmm10","xmm11","xmm12", \
+    "xmm13","xmm14","xmm15","xmm16","xmm17","xmm18","xmm19","xmm20","xmm21","xmm22","xmm23","xmm24","xmm25","xmm26","xmm27"
+static const float kOne = 1.0f;
 #define T(name, fmt) \
-  static double name(void) { double t0 = now(); \
-    for (long i = 0; i < ITERS / 4; ++i) __asm__ volatile(BODY12(fmt) ::: "xmm0","xmm1","xmm2","xmm3","xmm4","xmm5","xmm6","xmm7","xmm8","xmm9","xmm10","xmm11","xmm12","xmm13","xmm14","xmm15"); \
+  static double name(void) { INIT16; double t0 = now(); \
+    for (long i = 0; i < ITERS / 4; ++i) __asm__ volatile(BODY12(fmt) ::: CLOBBERS); \
     return (now() - t0) / (12.0 * (ITERS / 4)) * 1e9; }
 #define FMA(n) "vfmadd231ps %%zmm13, %%zmm14, %%zmm" #n "\n\t"
 #define DPB(n) "vpdpbusd %%zmm13, %%zmm14, %%zmm" #n "\n\t"
@@ -75,12 +88,43 @@ static double cycle_ns(void) {
 #define PT2D_ADD(n) "vpermt2d %%zmm13, %%zmm14, %%zmm" #n "\n\t" ADD15
 #define SRL_ADD(n) "vpsrlw $4, %%zmm13, %%zmm" #n "\n\t" ADD15
 #define BFPB(n) "vdpbf16ps %%zmm13, %%zmm14, %%zmm" #n "\n\tvpermb %%zmm13, %%zmm14, %%zmm15\n\t"
+// The pairs of mxfp4's int8 step (fp4_kernels.cpp, step_q8: 2 VPERMB, VPSRLW, 2 VPDPBUSD, VCVTDQ2PS,
+// VPERMPS, FMA), the first of each on the 12 chains, the second beside it into zmm15: which of them
+// share a pipe (docs/benchmarks.md, thirty-fourth session).
+// A second instruction that accumulates goes to a chain of its own, zmm16 + n (HI(n)).
+#define HI(n) HI_##n
+#define HI_0 "16"
+#define HI_1 "17"
+#define HI_2 "18"
+#define HI_3 "19"
+#define HI_4 "20"
+#define HI_5 "21"
+#define HI_6 "22"
+#define HI_7 "23"
+#define HI_8 "24"
+#define HI_9 "25"
+#define HI_10 "26"
+#define HI_11 "27"
+#define DPB_DPB(n) "vpdpbusd %%zmm13, %%zmm14, %%zmm" #n "\n\tvpdpbusd %%zmm13, %%zmm14, %%zmm" HI(n) "\n\t"
+#define DPB_FMA2(n) "vpdpbusd %%zmm13, %%zmm14, %%zmm" #n "\n\tvfmadd231ps %%zmm13, %%zmm14, %%zmm" HI(n) "\n\t"
+#define DPB_SRL(n) "vpdpbusd %%zmm13, %%zmm14, %%zmm" #n "\n\tvpsrlw $4, %%zmm13, %%zmm15\n\t"
+#define DPB_CDQ(n) "vpdpbusd %%zmm13, %%zmm14, %%zmm" #n "\n\tvcvtdq2ps %%zmm13, %%zmm15\n\t"
+#define DPB_ADD(n) "vpdpbusd %%zmm13, %%zmm14, %%zmm" #n "\n\t" ADD15
+#define DPB_PPS(n) "vpdpbusd %%zmm13, %%zmm14, %%zmm" #n "\n\tvpermps %%zmm13, %%zmm14, %%zmm15\n\t"
+#define PB_SRL(n) "vpermb %%zmm13, %%zmm14, %%zmm" #n "\n\tvpsrlw $4, %%zmm13, %%zmm15\n\t"
+#define PB_CDQ(n) "vpermb %%zmm13, %%zmm14, %%zmm" #n "\n\tvcvtdq2ps %%zmm13, %%zmm15\n\t"
+#define PB_PPS(n) "vpermb %%zmm13, %%zmm14, %%zmm" #n "\n\tvpermps %%zmm13, %%zmm14, %%zmm15\n\t"
+#define SRL_CDQ(n) "vpsrlw $4, %%zmm13, %%zmm" #n "\n\tvcvtdq2ps %%zmm13, %%zmm15\n\t"
+#define SRL_FMA(n) "vpsrlw $4, %%zmm13, %%zmm" #n "\n\tvfmadd231ps %%zmm13, %%zmm14, %%zmm" HI(n) "\n\t"
 T(t_fma, FMA) T(t_dpb, DPB) T(t_dpw, DPW) T(t_bf, BF) T(t_pt2w, PT2W) T(t_pt2b, PT2B) T(t_pw, PW) T(t_pb, PB)
 T(t_pps, PPS) T(t_shuf, SHUF) T(t_cph, CPH) T(t_cdq, CDQ) T(t_srl, SRL) T(t_and, AND) T(t_sxbw, SXBW)
 T(t_maddubs, MADDUBS) T(t_mshift, MULTISHIFT) T(t_fma_pb, FMA_PB) T(t_dpb_pb, DPB_PB) T(t_dpb_shuf, DPB_SHUF)
 T(t_fma_cdq, FMA_CDQ) T(t_dpb_fma, DPB_FMA) T(t_ld, LD) T(t_bfadd, BFADD) T(t_bfsrl, BFSRL) T(t_bfpb, BFPB)
 T(t_gf, GF) T(t_sllm, SLLM) T(t_dpw_srl, DPW_SRL) T(t_dpw_pw, DPW_PW) T(t_pt2d, PT2D) T(t_pw_add, PW_ADD)
 T(t_pb_add, PB_ADD) T(t_cph_add, CPH_ADD) T(t_pt2w_add, PT2W_ADD) T(t_pt2d_add, PT2D_ADD) T(t_srl_add, SRL_ADD)
+T(t_dpb_dpb, DPB_DPB) T(t_dpb_fma2, DPB_FMA2) T(t_dpb_srl, DPB_SRL) T(t_dpb_cdq, DPB_CDQ) T(t_dpb_add, DPB_ADD)
+T(t_dpb_pps, DPB_PPS) T(t_pb_srl, PB_SRL) T(t_pb_cdq, PB_CDQ) T(t_pb_pps, PB_PPS) T(t_srl_cdq, SRL_CDQ)
+T(t_srl_fma, SRL_FMA)
 
 static void pin(int c) { cpu_set_t s; CPU_ZERO(&s); CPU_SET(c, &s); pthread_setaffinity_np(pthread_self(), sizeof s, &s); }
 static volatile int go; static double res[2];
@@ -101,7 +145,11 @@ int main(int argc, char** argv) {
     {"vpsllw {k} (merge-masked)", t_sllm}, {"vpdpwssd+vpsrlw (pair)", t_dpw_srl}, {"vpdpwssd+vpermw (pair)", t_dpw_pw},
     {"vpermt2d", t_pt2d}, {"vpermw+vpaddd (pair)", t_pw_add}, {"vpermb+vpaddd (pair)", t_pb_add},
     {"vcvtph2ps+vpaddd (pair)", t_cph_add}, {"vpermt2w+vpaddd (pair)", t_pt2w_add},
-    {"vpermt2d+vpaddd (pair)", t_pt2d_add}, {"vpsrlw+vpaddd (pair)", t_srl_add}};
+    {"vpermt2d+vpaddd (pair)", t_pt2d_add}, {"vpsrlw+vpaddd (pair)", t_srl_add},
+    {"vpdpbusd+vpdpbusd (pair)", t_dpb_dpb}, {"vpdpbusd+fma (pair)", t_dpb_fma2}, {"vpdpbusd+vpsrlw (pair)", t_dpb_srl},
+    {"vpdpbusd+vcvtdq2ps (pair)", t_dpb_cdq}, {"vpdpbusd+vpaddd (pair)", t_dpb_add}, {"vpdpbusd+vpermps (pair)", t_dpb_pps},
+    {"vpermb+vpsrlw (pair)", t_pb_srl}, {"vpermb+vcvtdq2ps (pair)", t_pb_cdq}, {"vpermb+vpermps (pair)", t_pb_pps},
+    {"vpsrlw+vcvtdq2ps (pair)", t_srl_cdq}, {"vpsrlw+fma (pair)", t_srl_fma}};
   for (unsigned i = 0; i < sizeof tests / sizeof *tests; ++i) {
     double ns = tests[i].f();
     printf("%-26s %.3f cycles per instruction (group)\n", tests[i].n, ns / cy);
