@@ -159,13 +159,15 @@ def test_avx2_int8_path_matches_an_int8_emulation(T: int, H: int, I: int) -> Non
 
 @pytest.mark.skipif("avx512_bf16" not in TIERS, reason="no avx512_bf16 tier here")
 @pytest.mark.parametrize("kernels", ["steps", "groups"])
-@pytest.mark.parametrize(("T", "H", "I"), [(1, 160, 96), (3, 608, 160), (8, 288, 544)])
+@pytest.mark.parametrize(("T", "H", "I"), [(1, 160, 96), (3, 608, 160), (8, 288, 544), (1, 2080, 800)])
 def test_avx512_bf16_int8_records_match_an_int8_emulation(
     monkeypatch: pytest.MonkeyPatch, kernels: str, T: int, H: int, I: int
 ) -> None:
     # Both record layouts, steps of 128. H = 608 and I = 544 end in a partial group of 16 blocks, T = 8
     # on 4 experts makes calls of up to 8 vectors. T = 1 routes twice to expert 2: one token prepares
     # no group records under `steps`, and the two-vector pass-2 call must then take the step records.
+    # H = 2080 and I = 800 give one-vector calls of the group kernel (4 whole groups and a block; one
+    # group and 9 blocks), H = 160 and I = 96 of the register kernel.
     monkeypatch.setenv("FT_CPU_MOE_MXFP4_KERNELS", kernels)
     ids = np.array([[2, 2, 0, -1]], np.int32) if T == 1 else None
     check_against_int8_emulation("avx512_bf16", 128, T, H, I, ids)
