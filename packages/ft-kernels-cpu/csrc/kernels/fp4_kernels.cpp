@@ -546,10 +546,10 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8_x4(const uint8_t* W, const uint8_t* S, co
 // One vector against rows of NB <= 24 blocks (K <= 768: the down rows of Qwen3-30B-A3B and Gemma 4),
 // x's codes and offset lanes held in registers (18 of the 32 at K = 768) for the whole call: a step
 // loads only its 64 bytes of weights, where dot_rows_q8 loads x's record too (3 more 64-byte loads;
-// Zen 4 loads one such vector a cycle, and the step's 8 operations take 4). One Zen 4 core, rows of
-// K = 768 (tools/row_stream_probe.cpp; docs/benchmarks.md, thirty-fifth session): from L2 28 -> 35
-// GB/s, from DRAM 21 -> 24. Each row's arithmetic is dot_rows_q8<1, Normal>'s (the same two accumulators, steps in
-// the same order, a partial last group into the first, the same reduction), so its bits are the same.
+// Zen 4 loads one such vector a cycle). One Zen 4 core, rows of K = 768 (tools/row_stream_probe.cpp;
+// docs/benchmarks.md, thirty-fifth session): from L2 29 -> 35 GB/s, from DRAM 21.5-21.9 -> 24.0-24.6.
+// Each row's arithmetic is dot_rows_q8<1, Normal>'s (the same two accumulators, steps in the same
+// order, a partial last group into the first, the same reduction), so its bits are the same.
 constexpr int kQ8RegBlocks = 24;
 
 template <int NB, bool Normal>
@@ -599,9 +599,9 @@ FT_TARGET_AVX512_BF16 void dot_rows_q8_xreg_nb(int nb, const uint8_t* W, const u
 // One vector against rows of G whole groups (1 .. kQ8GroupRowsMax) and `tail` (0 .. 15) blocks after
 // them, K > 768: the whole groups' steps unrolled, those of the first two groups (or the one) against
 // x's codes held in registers for the call (16 registers; 10 steps spilled), the tail as dot_rows_q8's
-// last group. One Zen 4 core in cache, qwen3-30b-a3b's gate/up rows (K = 2048): pass 1 54 -> 48-51 us
-// a step (docs/benchmarks.md, thirty-fifth session), where the same kernel with a loop over its groups
-// after the register steps gained nothing. Each row's arithmetic is dot_rows_q8<1, Normal>'s.
+// last group. One Zen 4 core in cache, qwen3-30b-a3b's gate/up rows (K = 2048): pass 1 54.4 -> 50.5
+// us a step (docs/benchmarks.md, thirty-fifth session), where the same registers followed by a loop
+// over the other groups gained nothing. Each row's arithmetic is dot_rows_q8<1, Normal>'s.
 constexpr int kQ8GroupRowsMax = 8;  // K < 4608
 template <int G, bool Normal>
 FT_TARGET_AVX512_BF16 void dot_rows_q8_groups(const uint8_t* W, const uint8_t* S, int nrows, const uint8_t* x,
@@ -1172,6 +1172,12 @@ FT_TARGET_AVX512 bool e8m0_all_normal(const uint8_t* s, size_t n) { return no_by
 namespace {
 // One call of an int8 row kernel: the vectors as bytes (at most kMaxVectors), the weight and scale
 // streams, and `kernel(nv, xq, pf)` with the call's number of vectors as a compile-time constant nv.
+// The weight and scale streams of a call of nrows rows of K (its software prefetch, `prefetch` bytes ahead).
+Streams q8_streams(const uint8_t* W, const uint8_t* S, int nrows, int K, int prefetch) {
+  const size_t wbytes = static_cast<size_t>(nrows) * (K / 2), sbytes = static_cast<size_t>(nrows) * (K / 32);
+  return Streams{Prefetch(W, wbytes, prefetch), Prefetch(S, sbytes, prefetch / 16)};
+}
+
 template <class Kernel>
 void q8_call(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K, int prefetch,
              Kernel kernel) {
@@ -1179,8 +1185,7 @@ void q8_call(const uint8_t* W, const uint8_t* S, int nrows, const void* const* x
   n = std::min(n, kMaxVectors);
   const uint8_t* xq[kMaxVectors];
   for (int j = 0; j < n; ++j) xq[j] = static_cast<const uint8_t*>(xs[j]);
-  const size_t wbytes = static_cast<size_t>(nrows) * (K / 2), sbytes = static_cast<size_t>(nrows) * (K / 32);
-  const Streams pf{Prefetch(W, wbytes, prefetch), Prefetch(S, sbytes, prefetch / 16)};
+  const Streams pf = q8_streams(W, S, nrows, K, prefetch);
   dispatch_n(n, [&](auto nv) { kernel(nv, xq, pf); });
 }
 }  // namespace
@@ -1227,13 +1232,14 @@ FT_TARGET_AVX512_BF16 void q8_one_vector_rows(const uint8_t* W, const uint8_t* S
 void q8_dot_rows_one_vector(const uint8_t* W, const uint8_t* S, int nrows, const void* x, int K, float* out,
                             int prefetch, Q8Rows how) {
 #if FT_X86
-  q8_call(W, S, nrows, &x, 1, K, prefetch, [&](auto, const uint8_t* const* xq, const Streams& pf) {
-    if (e8m0_all_normal(S, static_cast<size_t>(nrows) * (K / 32))) {
-      q8_one_vector_rows<true>(W, S, nrows, xq[0], K, out, pf, how);
-    } else {
-      q8_one_vector_rows<false>(W, S, nrows, xq[0], K, out, pf, how);
-    }
-  });
+  if (nrows <= 0) return;
+  const Streams pf = q8_streams(W, S, nrows, K, prefetch);
+  const auto* xq = static_cast<const uint8_t*>(x);
+  if (e8m0_all_normal(S, static_cast<size_t>(nrows) * (K / 32))) {
+    q8_one_vector_rows<true>(W, S, nrows, xq, K, out, pf, how);
+  } else {
+    q8_one_vector_rows<false>(W, S, nrows, xq, K, out, pf, how);
+  }
 #else
   (void)W, (void)S, (void)nrows, (void)x, (void)K, (void)out, (void)prefetch, (void)how;
   throw Error("fp4 int8 kernels need x86 (AVX512-VNNI)");
