@@ -27,6 +27,7 @@
 #include "kernels/amx_tiles.h"
 #include "kernels/bf16_pairs.h"
 #include "kernels/fp8nv_common.h"
+#include "kernels/row_reduce.h"
 #include "kernels/stream_prefetch.h"
 
 namespace ft {
@@ -426,6 +427,52 @@ FT_TARGET_AVX512_BF16 void fp8_row_bf16x(const uint8_t* w, const float* S, int B
   for (int j = 0; j < N; ++j) out[j * os] = _mm512_reduce_add_ps(tot[j]) * kBf16Unscale;
 }
 
+// One row of fp8_row_bf16x<1> over whole blocks of 128 (K a multiple of 128), before its horizontal
+// sum: the same operations in the same order.
+FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline __m512 fp8_row128_bf16x_total(const uint8_t* w,
+                                                                                        const float* S,
+                                                                                        const uint16_t* x, int K,
+                                                                                        const Prefetch& pf) {
+  __m512 tot = _mm512_setzero_ps();
+  for (int c0 = 0, c = 0; c0 < K; c0 += 128, ++c) {
+    const uint8_t* wb = w + c0;
+    if (pf.dist) {
+      pf.ahead(wb);
+      pf.ahead(wb + 64);
+    }
+    __m512i we0, wo0, we1, wo1;
+    e4m3x128_bf16(_mm512_loadu_si512(wb), _mm512_loadu_si512(wb + 64), we0, wo0, we1, wo1);
+    const uint16_t* xc = x + static_cast<size_t>(c) * 128;
+    const __m512 z = _mm512_setzero_ps();
+    __m512 ae = _mm512_dpbf16_ps(z, (__m512bh)we0, (__m512bh)_mm512_loadu_si512(xc));
+    __m512 ao = _mm512_dpbf16_ps(z, (__m512bh)wo0, (__m512bh)_mm512_loadu_si512(xc + 32));
+    ae = _mm512_dpbf16_ps(ae, (__m512bh)we1, (__m512bh)_mm512_loadu_si512(xc + 64));
+    ao = _mm512_dpbf16_ps(ao, (__m512bh)wo1, (__m512bh)_mm512_loadu_si512(xc + 96));
+    tot = _mm512_fmadd_ps(_mm512_add_ps(ae, ao), _mm512_set1_ps(S[c]), tot);
+  }
+  return tot;
+}
+
+// Rows r0 .. r0 + nrows - 1 (W: row r0, ld bytes apart) against one vector, block size 128 and K a
+// multiple of 128: fp8_row_bf16x<1>'s arithmetic row by row in address order, in one call, the sums of
+// 4 rows at a time from one transposed reduction (row_reduce.h: the tree of _mm512_reduce_add_ps, so
+// every row's result is the same bits as fp8_row_bf16x<1>'s). A call per row with its own reduction
+// cost the down rows of qwen3-30b-a3b (768 bytes) about a third of their time on one Zen 4 core.
+FT_TARGET_AVX512_BF16 void fp8_rows128_one_bf16x(const uint8_t* W, size_t ld, int r0, int nrows, const float* S,
+                                                 int nbK, const uint16_t* x, int K, float* out,
+                                                 const Prefetch& pf) {
+  auto scales = [&](int r) { return S + static_cast<size_t>((r0 + r) / 128) * nbK; };
+  int r = 0;
+  for (; r + 4 <= nrows; r += 4) {
+    const __m512 t0 = fp8_row128_bf16x_total(W + r * ld, scales(r), x, K, pf);
+    const __m512 t1 = fp8_row128_bf16x_total(W + (r + 1) * ld, scales(r + 1), x, K, pf);
+    const __m512 t2 = fp8_row128_bf16x_total(W + (r + 2) * ld, scales(r + 2), x, K, pf);
+    const __m512 t3 = fp8_row128_bf16x_total(W + (r + 3) * ld, scales(r + 3), x, K, pf);
+    _mm_storeu_ps(out + r, _mm_mul_ps(rowred::hsum_x4(t0, t1, t2, t3), _mm_set1_ps(kBf16Unscale)));
+  }
+  for (; r < nrows; ++r) out[r] = rowred::hsum(fp8_row128_bf16x_total(W + r * ld, scales(r), x, K, pf)) * kBf16Unscale;
+}
+
 // Two rows of fp8_row_bf16x at once, for N >= 3 vectors and whole blocks of 128 (B == 128, K a
 // multiple of 128): each vector's 4 loads of a block serve both rows. Zen 4 loads one 512-bit line
 // a cycle and runs VDPBF16PS at about one a cycle, and one row spent 4 loads on 4 products per
@@ -634,6 +681,10 @@ void fp8_rows(Isa isa, const uint8_t* W, int r0, int nrows, const float* S, int 
     // with every row paired against 1815 with only the gate/up rows of 2048 bytes (docs/benchmarks.md,
     // twenty-fourth session).
     const bool pairs = multirow(ld, n);
+    if (isa == Isa::avx512_bf16 && n == 1 && B == 128 && K % 128 == 0) {
+      fp8_rows128_one_bf16x(W, ld, r0, nrows, S, nbK, static_cast<const uint16_t*>(xs[0]), K, out, pf);
+      return;
+    }
     for (int r = 0; r < nrows; ++r) {
       const float* s = S + static_cast<size_t>((r0 + r) / B) * nbK;
       const uint8_t* w = W + r * ld;
