@@ -456,8 +456,9 @@ FT_TARGET_AVX512_BF16 __attribute__((always_inline)) inline __m512 fp8_row128_bf
 // Rows r0 .. r0 + nrows - 1 (W: row r0, ld bytes apart) against one vector, block size 128 and K a
 // multiple of 128: fp8_row_bf16x<1>'s arithmetic row by row in address order, in one call, the sums of
 // 4 rows at a time from one transposed reduction (row_reduce.h: the tree of _mm512_reduce_add_ps, so
-// every row's result is the same bits as fp8_row_bf16x<1>'s). A call per row with its own reduction
-// cost the down rows of qwen3-30b-a3b (768 bytes) about a third of their time on one Zen 4 core.
+// every row's result is the same bits as fp8_row_bf16x<1>'s). Against a call and a reduction per row,
+// one Zen 4 core with a qwen3-30b-a3b expert in cache: pass 1 96 -> 85 us, pass 2 (rows of 768
+// bytes) 60 -> 51 (docs/benchmarks.md, thirty-sixth session).
 FT_TARGET_AVX512_BF16 void fp8_rows128_one_bf16x(const uint8_t* W, size_t ld, int r0, int nrows, const float* S,
                                                  int nbK, const uint16_t* x, int K, float* out,
                                                  const Prefetch& pf) {
