@@ -1170,14 +1170,14 @@ struct E8m0Special {
 FT_TARGET_AVX512 bool e8m0_all_normal(const uint8_t* s, size_t n) { return no_byte_hits(s, n, 1, E8m0Special{}); }
 
 namespace {
-// One call of an int8 row kernel: the vectors as bytes (at most kMaxVectors), the weight and scale
-// streams, and `kernel(nv, xq, pf)` with the call's number of vectors as a compile-time constant nv.
 // The weight and scale streams of a call of nrows rows of K (its software prefetch, `prefetch` bytes ahead).
 Streams q8_streams(const uint8_t* W, const uint8_t* S, int nrows, int K, int prefetch) {
   const size_t wbytes = static_cast<size_t>(nrows) * (K / 2), sbytes = static_cast<size_t>(nrows) * (K / 32);
   return Streams{Prefetch(W, wbytes, prefetch), Prefetch(S, sbytes, prefetch / 16)};
 }
 
+// One call of an int8 row kernel: the vectors as bytes (at most kMaxVectors), the weight and scale
+// streams, and `kernel(nv, xq, pf)` with the call's number of vectors as a compile-time constant nv.
 template <class Kernel>
 void q8_call(const uint8_t* W, const uint8_t* S, int nrows, const void* const* xs, int n, int K, int prefetch,
              Kernel kernel) {
