@@ -264,6 +264,28 @@ def test_whole_blocks_on_tiles(isa: str) -> None:
     check(ex.run(0, x, ids, w), ref, scale, isa)
 
 
+@pytest.mark.parametrize("unit_rows", ["256,256", "0,0"])
+def test_one_vector_calls_across_row_blocks(isa: str, unit_rows: str, monkeypatch) -> None:
+    # One token, B = 128 and H, I multiples of 128: the avx512_bf16 tier's one-vector calls of whole
+    # blocks (fp8_rows128_one_bf16x). Units of 256 rows make one call's rows span two 128-row blocks of
+    # scales (as a 2-thread qwen3-30b-a3b step's pass-2 units do); "0,0" keeps the run's own units.
+    # Row blocks alternate their scales' factor (1, 4, 1, 4, ...): a row scaled by a neighbouring
+    # block's scales is off by 4x or 1/4, at the size of the token's output (growing factors would let
+    # the largest block set the check's scale and hide the smaller blocks' rows).
+    monkeypatch.setenv("FT_CPU_MOE_UNIT_ROWS", unit_rows)
+    rng = np.random.default_rng([TIERS.index(isa), int(unit_rows[0]), 36])
+    E, H, I, top_k = 3, 384, 256, 3
+    banks = make_layer(rng, E, H, I, 128)
+    for name in ("w13_scale", "w2_scale"):
+        banks[name] *= (4.0 ** (np.arange(banks[name].shape[1]) % 2)).astype(np.float32)[None, :, None]
+    ex = fk.MoeExecutor(hidden=H, top_k=top_k, max_tokens=1, num_threads=2, isa=isa)
+    ex.add_layer(0, "fp8_block", num_experts=E, intermediate=I, banks=banks)
+    x, _, w = random_inputs(rng, 1, H, top_k, E, x_scale=2.0)
+    ids = np.array([[2, 0, 1]], dtype=np.int32)  # distinct experts: every call has one vector
+    ref, scale = reference(banks, x, ids, w, I, 128, "silu")
+    check(ex.run(0, x, ids, w), ref, scale, isa)
+
+
 def test_kernel_choice_errors(monkeypatch) -> None:
     rng = np.random.default_rng(0)
     banks = make_layer(rng, 2, 64, 32, 128)
