@@ -23,7 +23,15 @@ import ft_kernels_cpu as fk
 HERE = Path(__file__).parent
 PKG = HERE.parents[1] / "packages" / "ft-kernels-cpu"
 CXX = shutil.which("c++") or shutil.which("g++")
-STEPS = ["kernel", "full", "no_row_sums", "no_group_scales", "no_scale_permute", "none_of_the_3", "products_only"]
+STEPS = [
+    "kernel",
+    "full",
+    "no_row_sums",
+    "no_group_scales",
+    "no_scale_permute",
+    "none_of_the_3",
+    "products_only",
+]
 
 
 @pytest.mark.skipif(CXX is None, reason="no C++ compiler (c++ or g++) on PATH to build the probe")
@@ -36,7 +44,9 @@ def test_q8_step_probe_checks_its_copy_and_reports_every_step(tmp_path: Path) ->
     tool = str(PKG / "tools" / "q8_step_probe.cpp")
     subprocess.run([CXX, *include, "-Wall", "-Wextra", "-Werror", "-c", tool, "-o", str(obj)], check=True)
     sources = ("kernels/fp4_kernels.cpp", "kernels/int8_codes.cpp", "cpu_features.cpp")
-    subprocess.run([CXX, *include, str(obj), *[str(PKG / "csrc" / p) for p in sources], "-o", str(exe)], check=True)
+    subprocess.run(
+        [CXX, *include, str(obj), *[str(PKG / "csrc" / p) for p in sources], "-o", str(exe)], check=True
+    )
     run = subprocess.run([str(exe), "3"], capture_output=True, text=True, timeout=120)
     out = run.stdout
     assert run.returncode == 0 and "MISMATCH" not in out, out + run.stderr

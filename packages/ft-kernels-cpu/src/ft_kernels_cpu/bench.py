@@ -8,6 +8,15 @@ shared machines, so each timed row is compared with its neighbours). Effective G
 of expert weights a step touches (each distinct expert once) over its time; `ratio` is the median of
 the per-sample ratios gbs / read_gbs.
 
+With --cache-ceiling each timed row is followed by the same number of steps over one step's experts
+held in the last-level cache (a second layer of top_k experts, top_k per token with distinct routing),
+between read samples of their own: `cache_gbs` is then the cores' decode throughput with the weight
+stream out of the way, and `cache_ratio` (the median of the cached rows' GB/s over the reads around
+them) how much of the read the kernels could reach at best. A step that reads its weights from DRAM
+is no faster than the same step from the cache, so where cache_ratio is below a ratio target the
+target is out of reach on that machine at that time. Where one step's experts fill more than 3/4 of
+the last-level cache the keys are null and the log says so.
+
 With --pool-mib N the rotating pool is N MiB of experts instead (at least one step's top_k
 experts): a pool that fits a cache measures the kernels' compute throughput out of that cache, e.g.
 `--pool-mib 1 --threads 1 --top-k 1` for one core's in-cache GB/s of quantized weight bytes (the log
@@ -85,10 +94,12 @@ def cache_bytes(level: int) -> int:
     return 0
 
 
-def add_bench_layer(ex: fk.MoeExecutor, fmt: str, shape: MoeShape, pool: int, banks: dict) -> None:
-    """Layer 0 of `ex`: `pool` experts of the bench's banks of `fmt` for `shape`."""
+def add_bench_layer(
+    ex: fk.MoeExecutor, fmt: str, shape: MoeShape, pool: int, banks: dict, layer: int = 0
+) -> None:
+    """Layer `layer` of `ex`: `pool` experts of the bench's banks of `fmt` for `shape`."""
     ex.add_layer(
-        0,
+        layer,
         fmt,
         num_experts=pool,
         intermediate=shape.intermediate,
@@ -136,6 +147,7 @@ def bench_format(
     top_k: int | None = None,
     bank_offset: int = 0,
     huge_pages: bool = True,
+    cache_ceiling: bool = False,
 ) -> dict:
     shape = get_shape(shape_name)
     if top_k is not None:
@@ -188,6 +200,30 @@ def bench_format(
         if bank_offset:  # asked for: the AlignmentWarning would only repeat it
             warnings.simplefilter("ignore", fk.AlignmentWarning)
         add_bench_layer(ex, fmt, shape, pool, banks)
+    # The cache ceiling: layer 1 holds one step's experts (every token its own with distinct
+    # routing), re-read every step, so that after its first step they come from the caches.
+    cache_experts = shape.top_k * (batch if routing == "distinct" else 1)
+    cache_ids = None
+    if cache_ceiling:
+        cache_mib = cache_experts * expert_bytes / 2**20
+        if cache_mib > 0.75 * llc / 2**20:
+            log(
+                f"# cache ceiling not measured: one step's {cache_experts} experts ({cache_mib:.1f} MiB) "
+                f"fill more than 3/4 of the last-level cache ({llc / 2**20:.0f} MiB)"
+            )
+        else:
+            # Their own generator, so that the DRAM rows' data are those of a run without the flag.
+            cache_banks = bench_fmt.banks(shape, cache_experts, np.random.default_rng(1))
+            cache_banks = place_banks(cache_banks, bank_offset, huge_pages)
+            with warnings.catch_warnings():
+                if bank_offset:
+                    warnings.simplefilter("ignore", fk.AlignmentWarning)
+                add_bench_layer(ex, fmt, shape, cache_experts, cache_banks, layer=1)
+            per_token = np.arange(cache_experts, dtype=np.int32).reshape(-1, shape.top_k)
+            cache_ids = np.broadcast_to(
+                per_token if routing == "distinct" else per_token[:1], (batch, shape.top_k)
+            )
+            log(f"# cache ceiling: {cache_experts} experts ({cache_mib:.1f} MiB) re-read every step")
     x = bench_formats.random_bf16_bits(rng, (batch, shape.hidden))
     steps = 4096
     ids = step_routes(rng, steps, batch, shape.top_k, pool, routing)
@@ -211,7 +247,11 @@ def bench_format(
     secs = ex.time_runs(0, x, ids[:8], weights[:8])
     count = int(min(steps, max(8, min_time / max(secs / 8, 1e-6))))
 
+    if cache_ids is not None:
+        cache_run_ids = np.ascontiguousarray(np.broadcast_to(cache_ids, (count, batch, shape.top_k)))
+        ex.time_runs(1, x, cache_run_ids[:8], weights[:8])  # the experts into the caches
     rows = []
+    cache_rows = []
     profiles = []
     start = 0
     bw_before = read()
@@ -231,6 +271,17 @@ def bench_format(
             f"{secs / count * 1e6:8.1f} us/step"
         )
         bw_before = bw_after
+        if cache_ids is not None:
+            secs = ex.time_runs(1, x, cache_run_ids, weights[sl])
+            bw_after = read()
+            cache_gbs = count * cache_experts * expert_bytes / secs / 1e9
+            ceiling = 0.5 * (bw_before + bw_after)
+            cache_rows.append((cache_gbs, cache_gbs / ceiling, secs / count * 1e6))
+            log(
+                f"            in cache {cache_gbs:7.1f} GB/s   read {ceiling:7.1f} GB/s   ratio "
+                f"{cache_gbs / ceiling:5.3f}   {secs / count * 1e6:8.1f} us/step"
+            )
+            bw_before = bw_after
         start += count
 
     gbs = statistics.median(r[0] for r in rows)
@@ -278,6 +329,9 @@ def bench_format(
         "ratio": round(statistics.median(r[2] for r in rows), 4),
         "us_per_step": round(us_step, 2),
         "us_per_token": round(us_step / batch, 2),
+        "cache_gbs": round(statistics.median(r[0] for r in cache_rows), 2) if cache_rows else None,
+        "cache_ratio": round(statistics.median(r[1] for r in cache_rows), 4) if cache_rows else None,
+        "cache_us_per_step": round(statistics.median(r[2] for r in cache_rows), 2) if cache_rows else None,
         "samples": samples,
         "steps_per_sample": count,
         "profile_us": profile,
@@ -365,6 +419,14 @@ def main(argv: list[str] | None = None) -> int:
         help="pages of the banks and of the read-bandwidth buffer: transparent huge pages (default, as numpy "
         "places its large arrays; madvise(MADV_HUGEPAGE)) or 4 KiB pages (MADV_NOHUGEPAGE)",
     )
+    p.add_argument(
+        "--cache-ceiling",
+        action="store_true",
+        help="after each timed row, time the same number of steps over one step's experts held in the "
+        "last-level cache: the JSON's cache_gbs and cache_ratio (cache GB/s over the read) say how much of "
+        "the read the kernels could reach at best (null where one step's experts fill more than 3/4 of the "
+        "last-level cache)",
+    )
     p.add_argument("--json", action="store_true", help="end with one JSON line per format")
     a = p.parse_args(argv)
     if a.batch < 1:
@@ -409,18 +471,27 @@ def main(argv: list[str] | None = None) -> int:
             top_k=a.top_k,
             bank_offset=a.bank_offset,
             huge_pages=a.pages == "huge",
+            cache_ceiling=a.cache_ceiling,
         )
         for f in formats
     ]
     log("")
+    cache_cols = f" {'cache GB/s':>10} {'cache ratio':>11}" if a.cache_ceiling else ""
     log(
         f"{'format':<10} {'shape':<16} {'thr':>4} {'batch':>5} {'isa':<12} {'GB/s':>8} {'read GB/s':>10} "
-        f"{'ratio':>6} {'us/token':>9}"
+        f"{'ratio':>6} {'us/token':>9}{cache_cols}"
     )
     for r in results:
+        cache = ""
+        if a.cache_ceiling:
+            cache = (
+                f" {r['cache_gbs']:>10.1f} {r['cache_ratio']:>11.3f}"
+                if r["cache_gbs"] is not None
+                else f" {'-':>10} {'-':>11}"
+            )
         log(
             f"{r['format']:<10} {r['shape']:<16} {r['threads']:>4} {r['batch']:>5} {r['isa']:<12} "
-            f"{r['gbs']:>8.1f} {r['read_gbs']:>10.1f} {r['ratio']:>6.3f} {r['us_per_token']:>9.1f}"
+            f"{r['gbs']:>8.1f} {r['read_gbs']:>10.1f} {r['ratio']:>6.3f} {r['us_per_token']:>9.1f}{cache}"
         )
     if a.json:
         for r in results:
