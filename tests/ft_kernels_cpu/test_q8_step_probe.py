@@ -12,17 +12,14 @@ and no test asserts them.
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 import ft_kernels_cpu as fk
+from helpers.probes import CXX, build_fp4_probe
 
-HERE = Path(__file__).parent
-PKG = HERE.parents[1] / "packages" / "ft-kernels-cpu"
-CXX = shutil.which("c++") or shutil.which("g++")
 STEPS = [
     "kernel",
     "full",
@@ -39,14 +36,7 @@ STEPS = [
     "avx512_bf16" not in fk.isa_tiers(), reason="no avx512_bf16 tier on this CPU (the kernel's)"
 )
 def test_q8_step_probe_checks_its_copy_and_reports_every_step(tmp_path: Path) -> None:
-    obj, exe = tmp_path / "probe.o", tmp_path / "q8_step_probe"
-    include = ["-std=c++17", "-O2", "-I", str(PKG / "csrc")]
-    tool = str(PKG / "tools" / "q8_step_probe.cpp")
-    subprocess.run([CXX, *include, "-Wall", "-Wextra", "-Werror", "-c", tool, "-o", str(obj)], check=True)
-    sources = ("kernels/fp4_kernels.cpp", "kernels/int8_codes.cpp", "cpu_features.cpp")
-    subprocess.run(
-        [CXX, *include, str(obj), *[str(PKG / "csrc" / p) for p in sources], "-o", str(exe)], check=True
-    )
+    exe = build_fp4_probe("q8_step_probe", tmp_path)
     run = subprocess.run([str(exe), "3"], capture_output=True, text=True, timeout=120)
     out = run.stdout
     assert run.returncode == 0 and "MISMATCH" not in out, out + run.stderr

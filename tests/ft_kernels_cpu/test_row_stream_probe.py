@@ -12,17 +12,13 @@ sessions).
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 import ft_kernels_cpu as fk
-
-HERE = Path(__file__).parent
-PKG = HERE.parents[1] / "packages" / "ft-kernels-cpu"
-CXX = shutil.which("c++") or shutil.which("g++")
+from helpers.probes import CXX, build_fp4_probe
 
 
 @pytest.mark.skipif(CXX is None, reason="no C++ compiler (c++ or g++) on PATH to build the probe")
@@ -30,13 +26,7 @@ CXX = shutil.which("c++") or shutil.which("g++")
     "avx512_bf16" not in fk.isa_tiers(), reason="no avx512_bf16 tier on this CPU (the kernel's)"
 )
 def test_row_stream_probe_matches_float64_at_every_offset(tmp_path: Path) -> None:
-    obj, exe = tmp_path / "probe.o", tmp_path / "row_stream_probe"
-    include = ["-std=c++17", "-O2", "-I", str(PKG / "csrc")]
-    tool = str(PKG / "tools" / "row_stream_probe.cpp")
-    subprocess.run([CXX, *include, "-Wall", "-Wextra", "-Werror", "-c", tool, "-o", str(obj)], check=True)
-    sources = ("kernels/fp4_kernels.cpp", "kernels/int8_codes.cpp", "cpu_features.cpp")
-    kernels = [str(PKG / "csrc" / p) for p in sources]
-    subprocess.run([CXX, *include, str(obj), *kernels, "-o", str(exe)], check=True)
+    exe = build_fp4_probe("row_stream_probe", tmp_path)
     for order in ("seq", "shuffled"):
         run = subprocess.run([str(exe), "4", "1408", "7", order], capture_output=True, text=True, timeout=120)
         assert run.returncode == 0 and "MISMATCH" not in run.stdout, run.stdout + run.stderr
@@ -58,15 +48,7 @@ def test_two_stream_probe_builds_and_keeps_every_row(tmp_path: Path) -> None:
     # prefetch (exit status 1 on a difference): rows read in turns of 3, with a prefetch distance,
     # from 1 to 4 streams, K = 1408 (a row's last scale group short), must give the same bits. A
     # small build check; its timings are for developers (docs/benchmarks.md, twenty-seventh session).
-    exe = tmp_path / "two_stream_probe"
-    include = ["-std=c++17", "-O2", "-I", str(PKG / "csrc")]
-    sources = ("kernels/fp4_kernels.cpp", "kernels/int8_codes.cpp", "cpu_features.cpp")
-    tool = str(PKG / "tools" / "two_stream_probe.cpp")
-    obj = tmp_path / "two.o"
-    subprocess.run([CXX, *include, "-Wall", "-Wextra", "-Werror", "-c", tool, "-o", str(obj)], check=True)
-    subprocess.run(
-        [CXX, *include, str(obj), *[str(PKG / "csrc" / p) for p in sources], "-o", str(exe)], check=True
-    )
+    exe = build_fp4_probe("two_stream_probe", tmp_path)
     for streams in ("1", "2", "4"):
         run = subprocess.run(
             [str(exe), streams, "3", "1024", "4", "1408"], capture_output=True, text=True, timeout=120
