@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -213,12 +214,45 @@ class AlignedBuffer {
   Pages pages_ = Pages::any;
 };
 
-// One scratch buffer per thread for the kernels that derive per-call tables from x (avx2_pairs.h):
-// one thread-local for all of them, as the module's TLS block is kept small (stream_prefetch.h). A
+// Per-thread objects of the kernels (scratch buffers, the stream chain), each made on the heap at its
+// first use on a thread and freed when the thread ends, behind one thread-local vector of owners: the
+// module's whole TLS block takes glibc's static TLS reserve for libraries loaded at run time (512 bytes,
+// shared with other libraries; stream_prefetch.h), and a thread-local of each such type had made it 424
+// bytes with the GPU machine's toolchain (docs/benchmarks.md, thirty-seventh session). T is a type of
+// its user's own (one object per thread and type); get() costs what a function-local thread_local did.
+class ThreadObjects {
+ public:
+  template <class T>
+  static T& get() {
+    static const size_t slot = next_slot();
+    std::vector<Owner>& owners = thread_owners();
+    if (__builtin_expect(slot >= owners.size(), 0)) owners.resize(slot + 1);
+    Owner& o = owners[slot];
+    if (__builtin_expect(!o, 0)) o = Owner(new T(), Deleter{[](void* p) { delete static_cast<T*>(p); }});
+    return *static_cast<T*>(o.get());
+  }
+
+ private:
+  struct Deleter {
+    void (*destroy)(void*) = nullptr;
+    void operator()(void* p) const { destroy(p); }
+  };
+  using Owner = std::unique_ptr<void, Deleter>;
+  static size_t next_slot() {
+    static std::atomic<size_t> next{0};
+    return next.fetch_add(1, std::memory_order_relaxed);
+  }
+  static std::vector<Owner>& thread_owners() {
+    static thread_local std::vector<Owner> owners;
+    return owners;
+  }
+};
+
+// One scratch buffer per thread for the kernels that derive per-call tables from x (avx2_pairs.h). A
 // kernel uses it within one call and calls no other kernel meanwhile.
-inline AlignedBuffer<uint8_t>& thread_scratch() {
-  static thread_local AlignedBuffer<uint8_t> scratch;
-  return scratch;
-}
+struct ThreadScratch {
+  AlignedBuffer<uint8_t> bytes;
+};
+inline AlignedBuffer<uint8_t>& thread_scratch() { return ThreadObjects::get<ThreadScratch>().bytes; }
 
 }  // namespace ft

@@ -157,7 +157,7 @@ void amx_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const voi
                         float* out, int os, int prefetch) {
   if (nrows <= 0 || n <= 0) return;
   n = std::min(n, kWide);
-  thread_local Scratch scratch;
+  Scratch& scratch = ThreadObjects::get<Scratch>();
   const int groups = nrows / kGroup;
   if (groups > 0) amx_groups(W, S, groups, xs, n, K, out, os, prefetch, scratch);
   const int done = groups * kGroup;

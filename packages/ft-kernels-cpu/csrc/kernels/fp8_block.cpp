@@ -531,7 +531,7 @@ FT_TARGET_AVX512_BF16 void fp8_amx_groups(const uint8_t* W, int r0, int groups, 
   constexpr int B = 128;
   const int nbK = K / B;
   const size_t ld = static_cast<size_t>(K);
-  thread_local Fp8AmxScratch sc;
+  Fp8AmxScratch& sc = ThreadObjects::get<Fp8AmxScratch>();
   const int cols = n == 1 ? 1 : kWide;
   const BTiles bt = b_tiles(xs, n, nbK, sc.b);
   sc.a.resize(2 * 4 * kGroup * 32);

@@ -80,8 +80,9 @@ FT_PREFETCH_INLINE void prefetch_line(const char* q) {
 // model of a shared library every read was a call of __tls_get_addr, 6% of a q4_0 decode step in
 // cache on the 2-core Zen 5 (docs/benchmarks.md, twenty-eighth session). With it the module's whole
 // TLS block must fit the static TLS space that glibc keeps for libraries loaded at run time (512
-// bytes by default), so the module's thread-locals are words, pointers and small buffers (176-280 bytes)
-// (tests/ft_kernels_cpu/test_abi_and_errors.py keeps the block under 384 bytes).
+// bytes by default), so the module's thread-locals are words and pointers, and its other per-thread
+// objects live on the heap (ThreadObjects, common.h); tests/ft_kernels_cpu/test_abi_and_errors.py
+// keeps the block under 384 bytes.
 #define FT_KERNEL_TLS thread_local __attribute__((tls_model("initial-exec")))
 
 // The L1 distance of the two-level scheme for the kernels this thread runs, bytes (0: one level).
@@ -169,16 +170,12 @@ struct StreamChain {
     }
   }
 };
-// This thread's chain: on the heap (the module's whole TLS block takes static TLS space, so it holds
-// only words), made at its first use and freed when the thread ends.
-inline thread_local std::unique_ptr<StreamChain> t_chain_owner;
+// This thread's chain: on the heap (ThreadObjects, common.h), made at its first use and freed when the
+// thread ends; the pointer to it is an initial-exec word, read at every stream.
 inline FT_KERNEL_TLS StreamChain* t_chain_ptr = nullptr;
 inline StreamChain& thread_chain() {
   StreamChain* c = t_chain_ptr;
-  if (__builtin_expect(c == nullptr, 0)) {
-    t_chain_owner = std::make_unique<StreamChain>();
-    c = t_chain_ptr = t_chain_owner.get();
-  }
+  if (__builtin_expect(c == nullptr, 0)) c = t_chain_ptr = &ThreadObjects::get<StreamChain>();
   return *c;
 }
 
