@@ -339,6 +339,37 @@ def test_two_level_prefetch_never_changes_results(monkeypatch: pytest.MonkeyPatc
     assert all(np.isfinite(y.view(BF16).astype(np.float32)).all() for y in outs[0])
 
 
+# The formats whose one-vector calls take two levels at any pool size on Intel (measured there at 16
+# threads, batch 1: docs/benchmarks.md, thirty-eighth session); bf16 takes them in every call.
+TWO_LEVEL_ONE_VECTOR_ON_INTEL = {"q4_0", "gguf", "mxfp4", "fp8_block"}
+
+
+@pytest.mark.parametrize("fmt", fk.weight_formats())
+def test_two_level_prefetch_by_vector_count(fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ft_kernels_cpu import bench, bench_formats
+    from ft_kernels_cpu.shapes import MoeShape
+
+    monkeypatch.delenv("FT_CPU_MOE_PREFETCH_L1", raising=False)
+    monkeypatch.delenv("FT_CPU_MOE_PREFETCH", raising=False)
+    shape = MoeShape(256, 256, 2, 2, 1, "swigluoai" if fmt == "mxfp4" else "silu")
+    banks = bench_formats.load(fmt).banks(shape, 2, np.random.default_rng(3))
+    zen5 = cpu_is_zen5_or_later()
+    for threads in (2, 16):
+        ex = fk.MoeExecutor(shape.hidden, 2, max_tokens=2, num_threads=threads)
+        bench.add_bench_layer(ex, fmt, shape, 2, banks)
+        pool_default = 1024 if threads <= 4 else 0
+        for v in range(1, 9):
+            if zen5:  # no software prefetch by default, so no L1 level
+                want = 0
+            elif fmt == "bf16":
+                want = 1024
+            elif v == 1 and fmt in TWO_LEVEL_ONE_VECTOR_ON_INTEL and cpu_is_intel():
+                want = 1024
+            else:
+                want = pool_default
+            assert ex.layer_prefetch_l1_bytes(0, v) == want, (threads, v)
+
+
 def _add_q4_0_layer(ex: fk.MoeExecutor, layer: int) -> None:
     # Random codes with finite fp16 scales of magnitude [2^-7, 2^-6) in each 18-byte block.
     rng = np.random.default_rng(2)
@@ -389,17 +420,26 @@ def test_prefetch_defaults_by_vendor_and_layer(monkeypatch: pytest.MonkeyPatch) 
 def test_two_level_prefetch_default_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FT_CPU_MOE_PREFETCH_L1", raising=False)
     monkeypatch.delenv("FT_CPU_MOE_PREFETCH", raising=False)
-    # Two levels for pools of up to 4 threads, and for bf16 layers at any pool size (docs/benchmarks.md,
-    # tenth and thirteenth sessions); one level above. bf16 layers on AMD prefetch in calls over
-    # several vectors only, and take the L1 level for those. On Zen 5 and later no layer prefetches
-    # by default, so none takes the L1 level either.
+    # Two levels for pools of up to 4 threads, for bf16 layers at any pool size (docs/benchmarks.md,
+    # tenth and thirteenth sessions), and for one-vector calls of q4_0 (gguf, mxfp4, fp8_block) layers
+    # on Intel at any pool size (thirty-eighth session); one level above. bf16 layers on AMD prefetch
+    # in calls over several vectors only, and take the L1 level for those. On Zen 5 and later no layer
+    # prefetches by default, so none takes the L1 level either.
     zen5 = cpu_is_zen5_or_later()
+    intel = cpu_is_intel()
     for threads, expected in ((1, 1024), (4, 1024), (5, 0), (16, 0)):
         ex = small_executor(num_threads=threads)  # layer 0: bf16
         _add_q4_0_layer(ex, 1)
         assert ex.prefetch_l1_bytes == expected, threads
-        assert ex.layer_prefetch_l1_bytes(1) == (0 if zen5 else expected), threads
+        one = 0 if zen5 else 1024 if intel else expected
+        assert ex.layer_prefetch_l1_bytes(1) == ex.layer_prefetch_l1_bytes(1, 1) == one, threads
+        for v in range(2, 9):
+            assert ex.layer_prefetch_l1_bytes(1, v) == (0 if zen5 else expected), (threads, v)
+            assert ex.layer_prefetch_l1_bytes(0, v) == (0 if zen5 else 1024), (threads, v)
         assert ex.layer_prefetch_l1_bytes(0) == (0 if zen5 else 1024), threads
+    for bad in (0, 9):
+        with pytest.raises(ValueError, match=r"vectors"):
+            ex.layer_prefetch_l1_bytes(1, bad)
     # The variable applies to every layer, bf16 included.
     monkeypatch.setenv("FT_CPU_MOE_PREFETCH_L1", "0")
     assert small_executor(num_threads=16).layer_prefetch_l1_bytes(0) == 0

@@ -63,7 +63,9 @@ struct MoeJob final : PoolJob {
   float* scratch = nullptr;
   size_t scratch_stride = 0;
 
-  int prefetch_near = 0;  // MoeExecutor::prefetch_l1_bytes, for this run's kernels (stream_prefetch.h)
+  // The layer's L1 distances (Layer::prefetch_l1) by calls' vector count, at v - 1: set for each call
+  // (stream_prefetch.h's t_prefetch_near).
+  const int* prefetch_near = nullptr;
   int multirow_min_bytes = kMultirowMinBytes;  // MoeExecutor::multirow_min_bytes (stream_prefetch.h's multirow)
   int multirow_several_min_bytes = kMultirowMinBytes;  // MoeExecutor::multirow_several_min_bytes
   int gate_up_slice_bytes = 0;  // MoeExecutor::gate_up_slice_bytes (stream_prefetch.h's gate_up_slices)
@@ -74,7 +76,6 @@ struct MoeJob final : PoolJob {
   std::unique_ptr<Links[]> links;  // per worker: streams chained to a successor (PoolProfile::chain_links)
 
   void run_unit(uint32_t u, uint32_t next, bool claimed_ahead, int worker) override {
-    t_prefetch_near = prefetch_near;
     t_multirow_min_bytes = multirow_min_bytes;
     t_multirow_several_min_bytes = multirow_several_min_bytes;
     t_gate_up_slice_bytes = gate_up_slice_bytes;
@@ -185,6 +186,7 @@ struct MoeJob final : PoolJob {
         tokens[j] = route / k;
         scales[j] = on_input ? weights[route] : 1.f;
       }
+      t_prefetch_near = prefetch_near[cnt - 1];
       fmt.gate_up_tokens(in, e, tokens, scales, cnt, i0, i1, gate, up, kMaxBlockRows);
       for (int j = 0; j < cnt; ++j) {
         const int route = members[m0 + j];
@@ -220,6 +222,7 @@ struct MoeJob final : PoolJob {
     for (int m0 = group_begin[g]; h1 > h0 && m0 < group_begin[g + 1]; m0 += kChunk) {
       const int cnt = std::min(kChunk, group_begin[g + 1] - m0);
       for (int j = 0; j < cnt; ++j) refs[j] = route_ref(members[m0 + j]);
+      t_prefetch_near = prefetch_near[cnt - 1];
       fmt.down_rows(group_expert[g], h0, h1, refs, cnt, vals + static_cast<size_t>(m0) * vals_stride + h0,
                     vals_stride);
     }
@@ -550,12 +553,12 @@ void MoeExecutor::add_layer(int layer, const std::string& format, int num_expert
   L.prep_rows = prep_rows;
   for (int v = 1; v <= MoeFormat::kMaxTokensPerCall; ++v) L.prefetch[v - 1] = L.fmt->prefetch_bytes(L.params, v);
   // Unless the variable is set, a layer without software prefetch in any call has no L1 level.
-  if (prefetch_l1_explicit_) {
-    L.prefetch_l1 = prefetch_l1_;
-  } else {
-    const bool any_pool = L.fmt->two_level_prefetch_any_pool();
-    const bool none = std::all_of(std::begin(L.prefetch), std::end(L.prefetch), [](int d) { return d == 0; });
-    L.prefetch_l1 = none ? 0 : default_prefetch_l1(pool_.num_threads(), any_pool);
+  const bool none = std::all_of(std::begin(L.prefetch), std::end(L.prefetch), [](int d) { return d == 0; });
+  for (int v = 1; v <= MoeFormat::kMaxTokensPerCall; ++v) {
+    L.prefetch_l1[v - 1] = prefetch_l1_explicit_ ? prefetch_l1_
+                           : none               ? 0
+                                                : default_prefetch_l1(pool_.num_threads(),
+                                                                      L.fmt->two_level_prefetch_any_pool(v));
   }
 
   // Grow scratch to cover this layer.
@@ -593,7 +596,13 @@ int MoeExecutor::layer_prefetch_bytes(int layer, int vectors) const {
   }
   return layer_at(layer).prefetch[vectors - 1];
 }
-int MoeExecutor::layer_prefetch_l1_bytes(int layer) const { return layer_at(layer).prefetch_l1; }
+int MoeExecutor::layer_prefetch_l1_bytes(int layer, int vectors) const {
+  if (vectors < 1 || vectors > MoeFormat::kMaxTokensPerCall) {
+    throw Error("vectors must be in [1, " + std::to_string(MoeFormat::kMaxTokensPerCall) + "], got " +
+                std::to_string(vectors));
+  }
+  return layer_at(layer).prefetch_l1[vectors - 1];
+}
 
 void MoeExecutor::run(const ft_moe_task& task) {
   std::lock_guard<std::mutex> lock(run_mutex_);

@@ -66,10 +66,10 @@ class MoeExecutor {
   int layer_prefetch_bytes(int layer, int vectors = 1) const;
   // The L1 distance of the two-level prefetch (stream_prefetch.h), 0 for one level:
   // $FT_CPU_MOE_PREFETCH_L1, else 1024 with at most 4 threads, else 0. Unless the variable is set, a
-  // layer whose format asks for two levels at any pool size takes 1024, and a layer without
-  // software prefetch in any call 0 (layer_prefetch_l1_bytes).
+  // layer's calls over `vectors` (1 .. 8) tokens or routes whose format asks for two levels at any
+  // pool size take 1024, and a layer without software prefetch in any call 0 (layer_prefetch_l1_bytes).
   int prefetch_l1_bytes() const { return prefetch_l1_; }
-  int layer_prefetch_l1_bytes(int layer) const;
+  int layer_prefetch_l1_bytes(int layer, int vectors = 1) const;
   // The least row bytes for which int8 kernels read several rows side by side in calls of one vector
   // ($FT_CPU_MOE_MULTIROW_BYTES's first value, else the vendor's default: executor.cpp).
   int multirow_min_bytes() const { return multirow_min_bytes_; }
@@ -91,7 +91,8 @@ class MoeExecutor {
     bool rows2_fixed = false;
     // the software prefetch distance of this layer's calls over v vectors, at v - 1 (MoeFormat::prefetch_bytes)
     int prefetch[MoeFormat::kMaxTokensPerCall] = {};
-    int prefetch_l1 = 0;  // the L1 distance of the two-level prefetch for this layer's kernels
+    // the L1 distance of the two-level prefetch for this layer's calls over v vectors, at v - 1
+    int prefetch_l1[MoeFormat::kMaxTokensPerCall] = {};
   };
 
  private:

@@ -97,9 +97,11 @@ class MoeFormat {
   // block is done, so pass-1 units can be smaller than a format's prepared groups (more units, better
   // balance across cores).
   virtual int prep_rows() const { return pass1_rows(); }
-  // True for a format whose rows gain from the two-level prefetch (stream_prefetch.h) on Intel at any
-  // pool size; the others take it in pools of up to 4 threads only (MoeExecutor, docs/benchmarks.md).
-  virtual bool two_level_prefetch_any_pool() const { return false; }
+  // True for a format whose calls over `vectors` tokens or routes (1 .. kMaxTokensPerCall) gain from
+  // the two-level prefetch (stream_prefetch.h) at any pool size; the others take it in pools of up
+  // to 4 threads only (MoeExecutor, docs/benchmarks.md). bf16: every call; q4_0, gguf, mxfp4 and
+  // fp8_block: calls of one vector on Intel (thirty-eighth session).
+  virtual bool two_level_prefetch_any_pool(int /*vectors*/) const { return false; }
   // The kernels this layer runs, for a format with a choice of them (the value its kernel-choice
   // variable takes, e.g. "q8" for ds_fp4), or "" for a format with one set of kernels per tier.
   virtual std::string kernels() const { return ""; }

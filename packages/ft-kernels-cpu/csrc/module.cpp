@@ -219,7 +219,8 @@ PYBIND11_MODULE(_ft_kernels_cpu, m) {
       .def_property_readonly("multirow_several_min_bytes", &MoeExecutor::multirow_several_min_bytes)
       .def_property_readonly("gate_up_slice_bytes", &MoeExecutor::gate_up_slice_bytes)
       .def("layer_prefetch_bytes", &MoeExecutor::layer_prefetch_bytes, py::arg("layer"), py::arg("vectors") = 1)
-      .def("layer_prefetch_l1_bytes", &MoeExecutor::layer_prefetch_l1_bytes, py::arg("layer"))
+      .def("layer_prefetch_l1_bytes", &MoeExecutor::layer_prefetch_l1_bytes, py::arg("layer"),
+           py::arg("vectors") = 1)
       .def_property_readonly("isa", [](const MoeExecutor& ex) { return std::string(ft::isa_name(ex.isa())); });
 
   // Calls an executor the way other native code does: through its capsule and the C ABI only.

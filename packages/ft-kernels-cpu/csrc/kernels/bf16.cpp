@@ -443,7 +443,7 @@ class Bf16Format final : public MoeFormat {
   // Measured on the GPU machine's 16-core Xeon, batch 1, one level -> two: 0.79 -> 0.89 of the read
   // bandwidth at 8 threads (2 rounds), 0.87 -> 0.93 at 15 and 0.89 -> 0.91 at 16 (medians of 3;
   // docs/benchmarks.md, tenth session).
-  bool two_level_prefetch_any_pool() const override { return true; }
+  bool two_level_prefetch_any_pool(int /*vectors*/) const override { return true; }
   // No software prefetch in one-vector calls on AMD unless the caller sets a distance: there a single
   // row stream reaches the read bandwidth on its own, and prefetching cost 5-10% (Zen 5, one level)
   // and 7% (Zen 4, 2 threads, 8192 with the L1 level). Calls over several vectors read their rows

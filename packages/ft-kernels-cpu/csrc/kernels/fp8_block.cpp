@@ -800,6 +800,11 @@ class Fp8BlockFormat final : public MoeFormat {
   // $FT_CPU_MOE_FP8_KERNELS's names in avx512_bf16 (amx only where tiles run); fp32 below it.
   std::string kernels() const override { return bf16x() ? (amx_min_ > 0 ? "amx" : "bf16") : "fp32"; }
   int pass2_rows() const override { return kPass2Rows; }
+  // Two levels in one-vector calls on Intel at any pool size: on the GPU machine's 16-core Xeon,
+  // batch 1 at 16 threads, 8 rounds in two VMs alternating FT_CPU_MOE_PREFETCH_L1=1024 with the
+  // default, the paired ratio gain had medians of +0.012 (ahead in 6 of 8); ds_fp4 and nvfp4 showed
+  // none (docs/benchmarks.md, thirty-eighth session). Calls of several vectors were not measured.
+  bool two_level_prefetch_any_pool(int vectors) const override { return vectors == 1 && cpu_is_intel(); }
 
   void prep_input(const TaskInput& in) override {
     if (perm_) {

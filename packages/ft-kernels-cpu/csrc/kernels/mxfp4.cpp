@@ -47,6 +47,11 @@ class Mxfp4Format final : public MoeFormat {
   std::string kernels() const override { return q8_ ? (q8_steps_ ? "steps" : "groups") : q8a_ ? "q8a" : "fp32"; }
   int prep_rows() const override { return kMaxPass1Rows; }
   int pass2_rows() const override { return kPass2Rows; }
+  // Two levels in one-vector calls on Intel at any pool size: on the GPU machine's 16-core Xeon,
+  // batch 1 at 16 threads, 8 rounds in two VMs alternating FT_CPU_MOE_PREFETCH_L1=1024 with the
+  // default, the paired ratio gain had medians of +0.019 (ahead in 7 of 8); ds_fp4 and nvfp4 showed
+  // none (docs/benchmarks.md, thirty-eighth session). Calls of several vectors were not measured.
+  bool two_level_prefetch_any_pool(int vectors) const override { return vectors == 1 && cpu_is_intel(); }
 
   void prep_input(const TaskInput& in) override {
     // One token: pass 1 calls take one vector; pass 2 takes more only for duplicate routes, which the

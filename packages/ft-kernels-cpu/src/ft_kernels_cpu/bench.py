@@ -319,6 +319,7 @@ def bench_format(
         "prefetch": ex.layer_prefetch_bytes(0),
         "prefetch_multi": ex.layer_prefetch_bytes(0, 8),
         "prefetch_l1": ex.layer_prefetch_l1_bytes(0),
+        "prefetch_l1_multi": ex.layer_prefetch_l1_bytes(0, 8),
         "gate_up_slice": ex.gate_up_slice_bytes,
         "bank_offset": bank_offset,
         "pages": "huge" if huge_pages else "small",
