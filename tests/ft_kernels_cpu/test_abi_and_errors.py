@@ -361,9 +361,7 @@ def test_two_level_prefetch_by_vector_count(fmt: str, monkeypatch: pytest.Monkey
         for v in range(1, 9):
             if zen5:  # no software prefetch by default, so no L1 level
                 want = 0
-            elif fmt == "bf16":
-                want = 1024
-            elif v == 1 and fmt in TWO_LEVEL_ONE_VECTOR_ON_INTEL and cpu_is_intel():
+            elif fmt == "bf16" or (v == 1 and fmt in TWO_LEVEL_ONE_VECTOR_ON_INTEL and cpu_is_intel()):
                 want = 1024
             else:
                 want = pool_default
