@@ -179,8 +179,9 @@ class GgmlMoeFormat final : public MoeFormat {
   int pass2_rows() const override { return kPass2Rows; }
   // Two levels in one-vector calls on Intel at any pool size: on the GPU machine's 16-core Xeon,
   // batch 1 at 16 threads, 8 rounds in two VMs alternating FT_CPU_MOE_PREFETCH_L1=1024 with the
-  // default, the paired ratio gain had medians of +0.053 for q4_0 and +0.036 for gguf (ahead in 6 and 7 of 8); ds_fp4 and nvfp4 showed
-  // none (docs/benchmarks.md, thirty-eighth session). Calls of several vectors were not measured.
+  // default, the paired ratio gain had medians of +0.053 for q4_0 and +0.036 for gguf (ahead in 6
+  // and 7 of 8); ds_fp4 and nvfp4 showed none (docs/benchmarks.md, thirty-eighth session). Calls of
+  // several vectors were not measured.
   bool two_level_prefetch_any_pool(int vectors) const override { return vectors == 1 && cpu_is_intel(); }
   void prep_input(const TaskInput& in) override;
   size_t inter_prep_bytes() const override { return down_q8_ ? xq_bytes(*down_.type, p_.intermediate) : 0; }
