@@ -438,6 +438,10 @@ def test_two_level_prefetch_default_and_errors(monkeypatch: pytest.MonkeyPatch) 
     for bad in (0, 9):
         with pytest.raises(ValueError, match=r"vectors"):
             ex.layer_prefetch_l1_bytes(1, bad)
+        # The native check too, past the Python wrapper's.
+        for name in ("layer_prefetch_bytes", "layer_prefetch_l1_bytes"):
+            with pytest.raises(ValueError, match=rf"vectors must be in \[1, 8\], got {bad}"):
+                getattr(ex._native, name)(1, bad)
     # The variable applies to every layer, bf16 included.
     monkeypatch.setenv("FT_CPU_MOE_PREFETCH_L1", "0")
     assert small_executor(num_threads=16).layer_prefetch_l1_bytes(0) == 0

@@ -589,19 +589,19 @@ const MoeExecutor::Layer& MoeExecutor::layer_at(int layer) const {
 std::string MoeExecutor::layer_format(int layer) const { return layer_at(layer).format_name; }
 std::string MoeExecutor::layer_kernels(int layer) const { return layer_at(layer).fmt->kernels(); }
 
-int MoeExecutor::layer_prefetch_bytes(int layer, int vectors) const {
+// `vectors` as an index of a layer's per-vector-count settings (Layer::prefetch, prefetch_l1).
+static int vector_index(int vectors) {
   if (vectors < 1 || vectors > MoeFormat::kMaxTokensPerCall) {
     throw Error("vectors must be in [1, " + std::to_string(MoeFormat::kMaxTokensPerCall) + "], got " +
                 std::to_string(vectors));
   }
-  return layer_at(layer).prefetch[vectors - 1];
+  return vectors - 1;
+}
+int MoeExecutor::layer_prefetch_bytes(int layer, int vectors) const {
+  return layer_at(layer).prefetch[vector_index(vectors)];
 }
 int MoeExecutor::layer_prefetch_l1_bytes(int layer, int vectors) const {
-  if (vectors < 1 || vectors > MoeFormat::kMaxTokensPerCall) {
-    throw Error("vectors must be in [1, " + std::to_string(MoeFormat::kMaxTokensPerCall) + "], got " +
-                std::to_string(vectors));
-  }
-  return layer_at(layer).prefetch_l1[vectors - 1];
+  return layer_at(layer).prefetch_l1[vector_index(vectors)];
 }
 
 void MoeExecutor::run(const ft_moe_task& task) {
