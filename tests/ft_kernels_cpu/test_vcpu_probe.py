@@ -30,7 +30,7 @@ PKG = HERE.parents[1] / "packages" / "ft-kernels-cpu"
 CXX = shutil.which("c++") or shutil.which("g++")
 RATES = [
     "vpdpbusd", "vpaddd", "vpsrlw", "vgf2p8affineqb", "vpermb", "vpermt2d", "vpermt2w", "vpermps",
-    "vcvtph2ps", "vcvtdq2ps", "vfmadd",
+    "vcvtph2ps", "vcvtdq2ps", "vfmadd", "vpmaddubsw", "vpmaddwd", "vpdpwssd", "vpackssdw",
 ]
 
 

@@ -144,6 +144,10 @@ FT_PROBE_CHAINS(r_cvtph, FT_AVX512, __m512i, _mm512_set1_epi32(0x3c003c00),
                 _mm512_castps_si512(_mm512_cvtph_ps(_mm512_castsi512_si256(x))))
 FT_PROBE_CHAINS(r_cvtdq, FT_AVX512, __m512i, ONES512, _mm512_castps_si512(_mm512_cvtepi32_ps(x)))
 FT_PROBE_CHAINS(r_fma, FT_AVX512, __m512, F1, _mm512_fmadd_ps(x, F1, _mm512_setzero_ps()))
+FT_PROBE_CHAINS(r_maddubs, FT_AVX512, __m512i, B512, _mm512_maddubs_epi16(x, C512))
+FT_PROBE_CHAINS(r_maddwd, FT_AVX512, __m512i, B512, _mm512_madd_epi16(x, C512))
+FT_PROBE_CHAINS(r_dpwssd, FT_AVX512, __m512i, B512, _mm512_dpwssd_epi32(x, B512, C512))
+FT_PROBE_CHAINS(r_packs, FT_AVX512, __m512i, B512, _mm512_packs_epi32(x, C512))
 
 bool has_avx512_int8() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -161,7 +165,9 @@ void rates(double cycles_per_tick) {
   } rows[] = {{"vpdpbusd", r_dpbusd}, {"vpaddd", paddd_avx512}, {"vpsrlw", r_srlw},
               {"vgf2p8affineqb", r_gfni}, {"vpermb", r_permb}, {"vpermt2d", r_permt2d},
               {"vpermt2w", r_permt2w}, {"vpermps", r_permps}, {"vcvtph2ps", r_cvtph},
-              {"vcvtdq2ps", r_cvtdq}, {"vfmadd", r_fma}};
+              {"vcvtdq2ps", r_cvtdq}, {"vfmadd", r_fma},
+              {"vpmaddubsw", r_maddubs}, {"vpmaddwd", r_maddwd}, {"vpdpwssd", r_dpwssd},
+              {"vpackssdw", r_packs}};
   for (const Row& r : rows) std::printf("rate %s: %.2f\n", r.name, r.f(2000) / cycles_per_tick);
 }
 
