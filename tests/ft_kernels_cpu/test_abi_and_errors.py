@@ -327,7 +327,7 @@ def test_two_level_prefetch_never_changes_results(monkeypatch: pytest.MonkeyPatc
     # StreamPrefetch (bf16, layer 0) and StreamPrefetchCursor (q4_0's ggml blocks, layer 1).
     x, ids, w = task()
     outs = []
-    for near in ("0", "64", "1024", "8192"):
+    for near in ("0", "64", "1024", "2048", "8192"):
         monkeypatch.setenv("FT_CPU_MOE_PREFETCH_L1", near)
         ex = small_executor(prefetch_bytes=8192, num_threads=2)
         _add_q4_0_layer(ex, 1)
@@ -357,10 +357,12 @@ def test_two_level_prefetch_by_vector_count(fmt: str, monkeypatch: pytest.Monkey
     for threads in (2, 16):
         ex = fk.MoeExecutor(shape.hidden, 2, max_tokens=2, num_threads=threads)
         bench.add_bench_layer(ex, fmt, shape, 2, banks)
-        pool_default = 1024 if threads <= 4 else 0
+        pool_default = 2048 if threads <= 4 else 0
         for v in range(1, 9):
             if zen5:  # no software prefetch by default, so no L1 level
                 want = 0
+            elif threads <= 4:  # two levels at 2048 for every call of a small pool
+                want = 2048
             elif fmt == "bf16" or (v == 1 and fmt in TWO_LEVEL_ONE_VECTOR_ON_INTEL and cpu_is_intel()):
                 want = 1024
             else:
@@ -418,23 +420,24 @@ def test_prefetch_defaults_by_vendor_and_layer(monkeypatch: pytest.MonkeyPatch) 
 def test_two_level_prefetch_default_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FT_CPU_MOE_PREFETCH_L1", raising=False)
     monkeypatch.delenv("FT_CPU_MOE_PREFETCH", raising=False)
-    # Two levels for pools of up to 4 threads, for bf16 layers at any pool size (docs/benchmarks.md,
-    # tenth and thirteenth sessions), and for one-vector calls of q4_0 (gguf, mxfp4, fp8_block) layers
-    # on Intel at any pool size (thirty-eighth session); one level above. bf16 layers on AMD prefetch
-    # in calls over several vectors only, and take the L1 level for those. On Zen 5 and later no layer
-    # prefetches by default, so none takes the L1 level either.
+    # Two levels for pools of up to 4 threads at an L1 distance of 2048 (docs/benchmarks.md, tenth,
+    # thirteenth and thirty-ninth sessions); in larger pools at 1024 for bf16 layers and for one-vector
+    # calls of q4_0 (gguf, mxfp4, fp8_block) layers on Intel (thirty-eighth session), one level for the
+    # rest. bf16 layers on AMD prefetch in calls over several vectors only, and take the L1 level for
+    # those. On Zen 5 and later no layer prefetches by default, so none takes the L1 level either.
     zen5 = cpu_is_zen5_or_later()
     intel = cpu_is_intel()
-    for threads, expected in ((1, 1024), (4, 1024), (5, 0), (16, 0)):
+    for threads, expected in ((1, 2048), (4, 2048), (5, 0), (16, 0)):
         ex = small_executor(num_threads=threads)  # layer 0: bf16
         _add_q4_0_layer(ex, 1)
         assert ex.prefetch_l1_bytes == expected, threads
-        one = 0 if zen5 else 1024 if intel else expected
+        any_pool = expected or 1024  # the calls that take two levels in every pool
+        one = 0 if zen5 else any_pool if intel else expected
         assert ex.layer_prefetch_l1_bytes(1) == ex.layer_prefetch_l1_bytes(1, 1) == one, threads
         for v in range(2, 9):
             assert ex.layer_prefetch_l1_bytes(1, v) == (0 if zen5 else expected), (threads, v)
-            assert ex.layer_prefetch_l1_bytes(0, v) == (0 if zen5 else 1024), (threads, v)
-        assert ex.layer_prefetch_l1_bytes(0) == (0 if zen5 else 1024), threads
+            assert ex.layer_prefetch_l1_bytes(0, v) == (0 if zen5 else any_pool), (threads, v)
+        assert ex.layer_prefetch_l1_bytes(0) == (0 if zen5 else any_pool), threads
     for bad in (0, 9):
         with pytest.raises(ValueError, match=r"vectors"):
             ex.layer_prefetch_l1_bytes(1, bad)
@@ -445,10 +448,10 @@ def test_two_level_prefetch_default_and_errors(monkeypatch: pytest.MonkeyPatch) 
     # The variable applies to every layer, bf16 included.
     monkeypatch.setenv("FT_CPU_MOE_PREFETCH_L1", "0")
     assert small_executor(num_threads=16).layer_prefetch_l1_bytes(0) == 0
-    monkeypatch.setenv("FT_CPU_MOE_PREFETCH_L1", "2048")
+    monkeypatch.setenv("FT_CPU_MOE_PREFETCH_L1", "4096")
     ex = small_executor(num_threads=2)
     _add_q4_0_layer(ex, 1)
-    assert (ex.layer_prefetch_l1_bytes(0), ex.layer_prefetch_l1_bytes(1)) == (2048, 2048)
+    assert (ex.layer_prefetch_l1_bytes(0), ex.layer_prefetch_l1_bytes(1)) == (4096, 4096)
     with pytest.raises(ValueError, match=r"layer 7 has not been added"):
         ex.layer_prefetch_l1_bytes(7)
     monkeypatch.delenv("FT_CPU_MOE_PREFETCH_L1")

@@ -69,10 +69,10 @@ class MoeExecutor:
             (bf16 layers on AMD then take 0 in one-vector calls; ``layer_prefetch_bytes`` reports a
             layer's distances).
             With ``$FT_CPU_MOE_PREFETCH_L1`` (bytes, a multiple of 64 in [0, 65536]) the far lines go
-            to L2 and a second prefetch that many bytes ahead to L1; the default is 1024 with at
+            to L2 and a second prefetch that many bytes ahead to L1; the default is 2048 with at
             most 4 threads, else 0 (one level); see ``prefetch_l1_bytes`` and
-            ``layer_prefetch_l1_bytes`` (bf16 layers take two levels at any pool size, and so do
-            the one-vector calls of q4_0, gguf, mxfp4 and fp8_block layers on Intel; a layer
+            ``layer_prefetch_l1_bytes`` (in larger pools bf16 layers take two levels at 1024, and
+            so do the one-vector calls of q4_0, gguf, mxfp4 and fp8_block layers on Intel; a layer
             without software prefetch reports 0).
 
     Threading: ``run`` releases the GIL and blocks; concurrent runs on one executor are serialised.
@@ -160,9 +160,10 @@ class MoeExecutor:
         8) tokens or routes of one expert (0: one level).
 
         ``prefetch_l1_bytes``, except that unless ``$FT_CPU_MOE_PREFETCH_L1`` is set the calls a
-        format measured to gain from two levels at any pool size take 1024 (bf16: every call; q4_0,
-        gguf, mxfp4 and fp8_block: calls of one vector on Intel), and a layer without software
-        prefetch in any call (``layer_prefetch_bytes`` 0 for every vector count) takes 0.
+        format measured to gain from two levels at any pool size take 1024 in pools of more than 4
+        threads (bf16: every call; q4_0, gguf, mxfp4 and fp8_block: calls of one vector on Intel),
+        and a layer without software prefetch in any call (``layer_prefetch_bytes`` 0 for every
+        vector count) takes 0.
         """
         layer = _check_int("layer", layer, 0)
         return self._native.layer_prefetch_l1_bytes(layer, _check_int("vectors", vectors, 1, 8))
