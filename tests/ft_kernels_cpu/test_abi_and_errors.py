@@ -354,15 +354,15 @@ def test_two_level_prefetch_by_vector_count(fmt: str, monkeypatch: pytest.Monkey
     shape = MoeShape(256, 256, 2, 2, 1, "swigluoai" if fmt == "mxfp4" else "silu")
     banks = bench_formats.load(fmt).banks(shape, 2, np.random.default_rng(3))
     zen5 = cpu_is_zen5_or_later()
-    for threads in (2, 16):
+    for threads in (2, 4, 16):
         ex = fk.MoeExecutor(shape.hidden, 2, max_tokens=2, num_threads=threads)
         bench.add_bench_layer(ex, fmt, shape, 2, banks)
-        pool_default = 2048 if threads <= 4 else 0
+        pool_default = 2048 if threads <= 2 else 1024 if threads <= 4 else 0
         for v in range(1, 9):
             if zen5:  # no software prefetch by default, so no L1 level
                 want = 0
-            elif threads <= 4:  # two levels at 2048 for every call of a small pool
-                want = 2048
+            elif threads <= 4:  # two levels in every call of a pool of up to 4 threads
+                want = pool_default
             elif fmt == "bf16" or (v == 1 and fmt in TWO_LEVEL_ONE_VECTOR_ON_INTEL and cpu_is_intel()):
                 want = 1024
             else:
@@ -420,14 +420,14 @@ def test_prefetch_defaults_by_vendor_and_layer(monkeypatch: pytest.MonkeyPatch) 
 def test_two_level_prefetch_default_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FT_CPU_MOE_PREFETCH_L1", raising=False)
     monkeypatch.delenv("FT_CPU_MOE_PREFETCH", raising=False)
-    # Two levels for pools of up to 4 threads at an L1 distance of 2048 (docs/benchmarks.md, tenth,
-    # thirteenth and thirty-ninth sessions); in larger pools at 1024 for bf16 layers and for one-vector
-    # calls of q4_0 (gguf, mxfp4, fp8_block) layers on Intel (thirty-eighth session), one level for the
-    # rest. bf16 layers on AMD prefetch in calls over several vectors only, and take the L1 level for
+    # Two levels for pools of up to 4 threads, at an L1 distance of 2048 with 1 or 2 threads and 1024
+    # with 3 or 4 (docs/benchmarks.md, tenth, thirteenth and thirty-ninth sessions); in larger pools at
+    # 1024 for bf16 layers and for one-vector calls of q4_0 (gguf, mxfp4, fp8_block) layers on Intel
+    # (thirty-eighth session), one level for the rest. bf16 layers on AMD prefetch in calls over several vectors only, and take the L1 level for
     # those. On Zen 5 and later no layer prefetches by default, so none takes the L1 level either.
     zen5 = cpu_is_zen5_or_later()
     intel = cpu_is_intel()
-    for threads, expected in ((1, 2048), (4, 2048), (5, 0), (16, 0)):
+    for threads, expected in ((1, 2048), (2, 2048), (3, 1024), (4, 1024), (5, 0), (16, 0)):
         ex = small_executor(num_threads=threads)  # layer 0: bf16
         _add_q4_0_layer(ex, 1)
         assert ex.prefetch_l1_bytes == expected, threads

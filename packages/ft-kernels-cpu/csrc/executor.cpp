@@ -293,16 +293,17 @@ static int default_prefetch() { return cpu_is_amd_zen5_or_later() ? 0 : 8192; }
 // threads bf16 stayed and the quantized formats lost 0.01-0.05. So two levels for pools of up to 4
 // threads, one above, except for formats that ask for them at any pool size (bf16 on Intel: 0.87 ->
 // 0.93 at 15 threads, 0.89 -> 0.91 at 16). Larger pools on AMD were not measured.
-// The distance of small pools is 2048 since the thirty-ninth session: on a 2-core Xeon (Emerald
+// Pools of 1 or 2 threads take 2048 since the thirty-ninth session: on a 2-core Xeon (Emerald
 // Rapids, 2 threads) 2048 against 1024 raised every format's batch-1 ratio, by a median of 0.012
 // (mxfp4) to 0.042 (ds_fp4) over 6 alternating rounds, each format ahead in 4-6 of them (q4_0 and
-// nvfp4 in 3 of 4 more); on the 2-core Zen 4 it was 1-3% faster in the slow mode (thirty-eighth
-// session). At 16 threads on the GPU machine's Xeon 2048 was mixed (-0.043 to +0.032 in 4 rounds of
-// a disturbed VM), so larger pools keep 1024.
+// nvfp4 in 3 of 4 more), and on the 2-core Zen 4 it was 1-3% faster in the slow mode (thirty-eighth
+// session). On the GPU machine's Xeon, in disturbed VMs, 2048 was 0.005-0.028 lower at 4 threads
+// (ahead in 1-2 of 4 rounds) and mixed at 16 (-0.043 to +0.032), so larger pools keep 1024.
 constexpr int kTwoLevelMaxThreads = 4;
+constexpr int kFarL1MaxThreads = 2;
 static int default_prefetch_l1(int threads, bool any_pool) {
-  if (threads <= kTwoLevelMaxThreads) return 2048;
-  return any_pool ? 1024 : 0;
+  if (threads <= kFarL1MaxThreads) return 2048;
+  return any_pool || threads <= kTwoLevelMaxThreads ? 1024 : 0;
 }
 
 static bool env_set(const char* name) {

@@ -65,10 +65,10 @@ class MoeExecutor {
   // The distance of a layer's kernel calls over `vectors` (1 .. 8) tokens or routes.
   int layer_prefetch_bytes(int layer, int vectors = 1) const;
   // The L1 distance of the two-level prefetch (stream_prefetch.h), 0 for one level:
-  // $FT_CPU_MOE_PREFETCH_L1, else 2048 with at most 4 threads, else 0. Unless the variable is set, a
-  // layer's calls over `vectors` (1 .. 8) tokens or routes whose format asks for two levels at any
-  // pool size take 1024 in pools of more than 4 threads, and a layer without software prefetch in any
-  // call 0 (layer_prefetch_l1_bytes).
+  // $FT_CPU_MOE_PREFETCH_L1, else 2048 with at most 2 threads, 1024 with 3 or 4, else 0. Unless the
+  // variable is set, a layer's calls over `vectors` (1 .. 8) tokens or routes whose format asks for
+  // two levels at any pool size take 1024 in pools of more than 4 threads, and a layer without
+  // software prefetch in any call 0 (layer_prefetch_l1_bytes).
   int prefetch_l1_bytes() const { return prefetch_l1_; }
   int layer_prefetch_l1_bytes(int layer, int vectors = 1) const;
   // The least row bytes for which int8 kernels read several rows side by side in calls of one vector

@@ -70,7 +70,7 @@ class MoeExecutor:
             layer's distances).
             With ``$FT_CPU_MOE_PREFETCH_L1`` (bytes, a multiple of 64 in [0, 65536]) the far lines go
             to L2 and a second prefetch that many bytes ahead to L1; the default is 2048 with at
-            most 4 threads, else 0 (one level); see ``prefetch_l1_bytes`` and
+            most 2 threads, 1024 with 3 or 4, else 0 (one level); see ``prefetch_l1_bytes`` and
             ``layer_prefetch_l1_bytes`` (in larger pools bf16 layers take two levels at 1024, and
             so do the one-vector calls of q4_0, gguf, mxfp4 and fp8_block layers on Intel; a layer
             without software prefetch reports 0).
