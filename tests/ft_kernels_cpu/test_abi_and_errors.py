@@ -423,8 +423,9 @@ def test_two_level_prefetch_default_and_errors(monkeypatch: pytest.MonkeyPatch) 
     # Two levels for pools of up to 4 threads, at an L1 distance of 2048 with 1 or 2 threads and 1024
     # with 3 or 4 (docs/benchmarks.md, tenth, thirteenth and thirty-ninth sessions); in larger pools at
     # 1024 for bf16 layers and for one-vector calls of q4_0 (gguf, mxfp4, fp8_block) layers on Intel
-    # (thirty-eighth session), one level for the rest. bf16 layers on AMD prefetch in calls over several vectors only, and take the L1 level for
-    # those. On Zen 5 and later no layer prefetches by default, so none takes the L1 level either.
+    # (thirty-eighth session), one level for the rest. bf16 layers on AMD prefetch in calls over
+    # several vectors only, and take the L1 level for those. On Zen 5 and later no layer prefetches by
+    # default, so none takes the L1 level either.
     zen5 = cpu_is_zen5_or_later()
     intel = cpu_is_intel()
     for threads, expected in ((1, 2048), (2, 2048), (3, 1024), (4, 1024), (5, 0), (16, 0)):
