@@ -186,10 +186,10 @@ def test_nan_scale_codes_give_nan(isa: str) -> None:
 @pytest.mark.parametrize("row", [0, 37, 63])
 def test_one_nan_scale_code_anywhere_in_a_call(isa: str, row: int) -> None:
     # One-vector calls of rows whose length is a multiple of 256 (I = 512) run 4 rows at a time in the
-    # avx512_bf16 tier, converting scales without the NaN check where a scan of the call's scale bytes
-    # finds no NaN code. One 0x7f in the last group of a single down row (first, middle, last row: the
-    # end of a call's scales) must still give NaN in that output alone; had the scan missed it, the
-    # code would read as 480 * 2^-8 and y[row] finite.
+    # avx512_bf16 tier, converting scales without the NaN check where a scan of the 4 rows' scale
+    # bytes finds no NaN code (one call mixes both kernels). One 0x7f in the last group of a single
+    # down row (first, middle, last row: the end of a call's scales) must still give NaN in that
+    # output alone; had the scan missed it, the code would read as 480 * 2^-8 and y[row] finite.
     E, H, I = 1, 64, 512
     rng = np.random.default_rng(row)
     banks = make_layer(rng, E, H, I)
