@@ -237,9 +237,10 @@ def test_extreme_e8m0_scales_and_every_e2m1_code(isa: str) -> None:
 
 @pytest.mark.parametrize("row", [0, 111, 223])
 def test_one_nan_scale_anywhere_in_a_call(isa: str, row: int) -> None:
-    # The int8 kernels convert a call's e8m0 scales by one shift unless a scan of the call's scale
-    # bytes finds a 0 or a 255 (fp4::e8m0_all_normal). One 255 in the last block of a single down row,
-    # at the start, middle or end of the bank (the end: the last call's last scale byte, in the scan's
+    # The int8 kernels convert e8m0 scales by one shift unless a scan of the scale bytes finds a 0 or
+    # a 255 (fp4::e8m0_all_normal; of the whole call, or in one-vector calls of each few rows the
+    # scale prefetch holds, so one call mixes both conversions). One 255 in the last block of a
+    # single down row, at the start, middle or end of the bank (the end: the last call's last scale byte, in the scan's
     # partial last 64 bytes), must still give NaN in that output alone: had the scan missed it, the
     # shift would make the scale +inf, and y[row] +inf, since that block's weights (codes 2: 1.0)
     # and its h (x of ones against gate and up rows of 1.0: h = silu(g) u > 0) are all positive. (A NaN
