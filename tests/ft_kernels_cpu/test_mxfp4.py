@@ -240,12 +240,12 @@ def test_one_nan_scale_anywhere_in_a_call(isa: str, row: int) -> None:
     # The int8 kernels convert e8m0 scales by one shift unless a scan of the scale bytes finds a 0 or
     # a 255 (fp4::e8m0_all_normal; of the whole call, or in one-vector calls of each few rows the
     # scale prefetch holds, so one call mixes both conversions). One 255 in the last block of a
-    # single down row, at the start, middle or end of the bank (the end: the last call's last scale byte, in the scan's
-    # partial last 64 bytes), must still give NaN in that output alone: had the scan missed it, the
-    # shift would make the scale +inf, and y[row] +inf, since that block's weights (codes 2: 1.0)
-    # and its h (x of ones against gate and up rows of 1.0: h = silu(g) u > 0) are all positive. (A NaN
-    # in a gate/up row would not reach y in the int8 tiers: their quantizer codes a NaN of h as 127,
-    # int8_codes.h.)
+    # single down row, at the start, middle or end of the bank (the end: the last call's last scale
+    # byte, in the scan's partial last 64 bytes), must still give NaN in that output alone: had the
+    # scan missed it, the shift would make the scale +inf, and y[row] +inf, since that block's
+    # weights (codes 2: 1.0) and its h (x of ones against gate and up rows of 1.0: h = silu(g) u > 0)
+    # are all positive. (A NaN in a gate/up row would not reach y in the int8 tiers: their quantizer
+    # codes a NaN of h as 127, int8_codes.h.)
     rng = np.random.default_rng(7)
     H, I, E = 224, 96, 1  # 3 blocks a down row: spans of odd lengths
     banks = make_layer(rng, E, H, I, bias=False)
