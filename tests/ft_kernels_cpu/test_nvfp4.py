@@ -190,17 +190,27 @@ def test_one_nan_scale_code_anywhere_in_a_call(isa: str, row: int) -> None:
     # bytes finds no NaN code (one call mixes both kernels). One 0x7f in the last group of a single
     # down row (first, middle, last row: the end of a call's scales) must still give NaN in that
     # output alone; had the scan missed it, the code would read as 480 * 2^-8 and y[row] finite.
+    # The other rows, whichever conversion their group took, must give the bits of the same call
+    # without the NaN code (where every group takes the conversion without the check).
     E, H, I = 1, 64, 512
     rng = np.random.default_rng(row)
-    banks = make_layer(rng, E, H, I)
+    clean = make_layer(rng, E, H, I)
+    banks = {k: v.copy() for k, v in clean.items()}
     banks["w2_scale"][0, row, -1] = 0x7F
-    ex = fk.MoeExecutor(hidden=H, top_k=1, max_tokens=1, num_threads=2, isa=isa)
-    ex.add_layer(0, "nvfp4", num_experts=E, intermediate=I, banks=banks, activation="silu")
     x = (2.0 * rng.standard_normal((1, H))).astype(BF16)
-    y = ex.run(0, x, np.zeros((1, 1), np.int32), np.ones((1, 1), np.float32)).astype(np.float32)
+
+    def run(b: dict) -> np.ndarray:
+        ex = fk.MoeExecutor(hidden=H, top_k=1, max_tokens=1, num_threads=2, isa=isa)
+        ex.add_layer(0, "nvfp4", num_experts=E, intermediate=I, banks=b, activation="silu")
+        return ex.run(0, x, np.zeros((1, 1), np.int32), np.ones((1, 1), np.float32))
+
+    y16, clean16 = run(banks), run(clean)
+    y = y16.astype(np.float32)
     want = np.zeros((1, H), bool)
     want[0, row] = True
     assert np.array_equal(np.isnan(y), want), f"{isa}: NaN at {np.flatnonzero(np.isnan(y))}, want {row}"
+    others = np.arange(H) != row
+    np.testing.assert_array_equal(y16.view(np.uint16)[0, others], clean16.view(np.uint16)[0, others])
 
 
 def test_biases_and_swigluoai_options(isa: str) -> None:

@@ -1236,13 +1236,16 @@ void q8_dot_rows_one_vector(const uint8_t* W, const uint8_t* S, int nrows, const
   const Streams pf = q8_streams(W, S, nrows, K, prefetch);
   const auto* xq = static_cast<const uint8_t*>(x);
   // The scales are checked for codes outside [1, 254] a few rows at a time, just before those rows
-  // run: as many rows as the scale stream's prefetch distance holds (whole groups of 4; the whole
-  // call without software prefetch). A check of the whole call's scales before its first row read
-  // them from DRAM at once, with nothing to overlap: on the 2-core Emerald Rapids, 2 threads, batch
-  // 1, skipping that check entirely was worth +0.024 (mxfp4) and +0.041 (ds_fp4) of the read
-  // (docs/benchmarks.md, thirty-ninth session). Rows of either kind give the same bits.
+  // run: as many rows as half the scale stream's prefetch distance holds (whole groups of 4, at least
+  // one; the whole call without software prefetch), so that a chunk's check reads lines requested a
+  // chunk earlier. A check of the whole call's scales before its first row read them from DRAM at
+  // once, with nothing to overlap. On the 2-core Emerald Rapids (2 threads, batch 1, 6 alternating
+  // rounds against the whole-call check) ds_fp4 went from 0.876 to 0.898 of the read and mxfp4 stayed
+  // about even (0.877 / 0.872; docs/benchmarks.md, thirty-ninth session). Rows of either kind give
+  // the same bits.
   const size_t ldw = static_cast<size_t>(K) / 2, lds = static_cast<size_t>(K) / 32;
-  const int chunk = pf.s.dist > 0 ? std::max(4, static_cast<int>(static_cast<size_t>(pf.s.dist) / 2 / lds) / 4 * 4) : nrows;
+  const int chunk =
+      pf.s.dist > 0 ? std::max(4, static_cast<int>(static_cast<size_t>(pf.s.dist) / 2 / lds) / 4 * 4) : nrows;
   for (int r = 0; r < nrows; r += chunk) {
     const int n = std::min(chunk, nrows - r);
     const uint8_t* s = S + r * lds;
