@@ -235,35 +235,41 @@ def test_extreme_e8m0_scales_and_every_e2m1_code(isa: str) -> None:
         assert np.isnan(y.astype(np.float32)).all(), f"{isa}: scale 255 in block {b} must give NaN"
 
 
+@pytest.mark.parametrize("I", [96, 1024])
+@pytest.mark.parametrize("routes", [1, 3])
 @pytest.mark.parametrize("row", [0, 111, 223])
-def test_one_nan_scale_anywhere_in_a_call(isa: str, row: int) -> None:
+def test_one_nan_scale_anywhere_in_a_call(isa: str, row: int, routes: int, I: int) -> None:
     # The int8 kernels convert e8m0 scales by one shift unless a scan of the scale bytes finds a 0 or
-    # a 255 (fp4::e8m0_all_normal; of the whole call, or in one-vector calls of each few rows the
-    # scale prefetch holds, so one call mixes both conversions). One 255 in the last block of a
-    # single down row, at the start, middle or end of the bank (the end: the last call's last scale
-    # byte, in the scan's partial last 64 bytes), must still give NaN in that output alone: had the
-    # scan missed it, the shift would make the scale +inf, and y[row] +inf, since that block's
-    # weights (codes 2: 1.0) and its h (x of ones against gate and up rows of 1.0: h = silu(g) u > 0)
-    # are all positive. (A NaN in a gate/up row would not reach y in the int8 tiers: their quantizer
-    # codes a NaN of h as 127, int8_codes.h.)
+    # a 255 (fp4::e8m0_all_normal, over each few rows the scale prefetch holds, so one call mixes
+    # both conversions; in calls of one vector and, with 3 routes of the token to the expert, of
+    # several: fp4::q8_dot_rows_multi's calls of several vectors of one token). One 255
+    # in the last block of a single down row, at the start, middle or end of the bank (the end: the
+    # last call's last scale byte, in the scan's partial last 64 bytes), must still give NaN in that
+    # output alone: had the scan missed it, the shift would make the scale +inf, and y[row] +inf,
+    # since that block's weights (codes 2: 1.0) and its h (x of ones against gate and up rows of 1.0:
+    # h = silu(g) u > 0) are all positive. (A NaN in a gate/up row would not reach y in the int8
+    # tiers: their quantizer codes a NaN of h as 127, int8_codes.h.) I = 96: 3 blocks a down row,
+    # spans of odd lengths; I = 1024: 32 scale bytes a down row, so with the default prefetch the
+    # check's chunks hold 8 rows and a call several chunks.
     rng = np.random.default_rng(7)
-    H, I, E = 224, 96, 1  # 3 blocks a down row: spans of odd lengths
+    H, E = 224, 1
     banks = make_layer(rng, E, H, I, bias=False)
     banks["w13"][0, 2 * (I - 32) :] = 0x22  # gate and up rows of h[64:96]
     banks["w2"][0, row, -1] = 0x22
     clean = {k: v.copy() for k, v in banks.items()}
     banks["w2_scale"][0, row, -1] = 255
     x, ids, w = one_token_on_expert_0(H)  # x: ones
+    ids, w = np.repeat(ids, routes, axis=1), np.repeat(w, routes, axis=1)
     y16 = run_layer(isa, banks, x, ids, w, E, I)
     y = y16.astype(np.float32)
     # The other rows, whichever conversion their scales took, give the bits of the call without the 255.
     others = np.arange(H) != row
     clean16 = run_layer(isa, clean, x, ids, w, E, I)
-    np.testing.assert_array_equal(y16.view(np.uint16)[0, others], clean16.view(np.uint16)[0, others])
+    np.testing.assert_array_equal(y16.view(np.uint16)[:, others], clean16.view(np.uint16)[:, others])
     ref, scale = reference(banks, x, ids, w, "silu")
     nan = np.isnan(ref)
-    got = np.flatnonzero(np.isnan(y))
-    assert nan.any() and np.array_equal(np.isnan(y), nan), f"{isa} row {row}: NaN at {got}"
+    assert nan.any() and np.array_equal(np.isnan(y), nan), f"{isa} row {row}: NaN at {np.argwhere(np.isnan(y))}"
+    assert np.array_equal(np.flatnonzero(nan.any(axis=0)), [row])
     extra = np.broadcast_to(int8_extra(isa, banks, x, ids, w, "silu"), ref.shape)
     check(y[~nan][None], ref[~nan][None], scale[~nan][None], isa, extra[~nan][None])
 

@@ -1205,6 +1205,29 @@ void q8a_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const voi
 
 namespace {
 #if FT_X86
+// Rows [0, nrows) of an int8 call in chunks, each chunk's e8m0 scales checked for codes outside
+// [1, 254] just before it runs: f(r, n, normal) for rows [r, r + n), normal when none of their scales
+// is special. A chunk is as many rows as half the scale stream's prefetch distance holds (whole
+// groups of 4, at least 4; the whole call without software prefetch), so that a chunk's check reads
+// lines requested a chunk earlier. A check of the whole call's scales before its first row read them
+// from DRAM at once, with nothing to overlap. On the 2-core Emerald Rapids (2 threads, batch 1, 6
+// alternating rounds against the whole-call check) ds_fp4 went from 0.876 to 0.898 of the read and
+// mxfp4 stayed about even (0.877 / 0.872; docs/benchmarks.md, thirty-ninth session). Rows of either
+// kind give the same bits. Calls of one vector take it, and since the fortieth session
+// q8_dot_rows_multi's calls of several (a token's routes to one expert; tasks of several tokens take
+// the group records, q8g, which convert every code the general way), on the same grounds; those
+// were not timed.
+template <class F>
+inline void by_checked_scale_chunks(const uint8_t* S, int nrows, int K, const Streams& pf, F&& f) {
+  const size_t lds = static_cast<size_t>(K) / 32;
+  const int chunk =
+      pf.s.dist > 0 ? std::max(4, static_cast<int>(static_cast<size_t>(pf.s.dist) / 2 / lds) / 4 * 4) : nrows;
+  for (int r = 0; r < nrows; r += chunk) {
+    const int n = std::min(chunk, nrows - r);
+    f(r, n, e8m0_all_normal(S + r * lds, static_cast<size_t>(n) * lds));
+  }
+}
+
 // One vector's rows by `how` (q8_dot_rows_one_vector).
 template <bool Normal>
 FT_TARGET_AVX512_BF16 void q8_one_vector_rows(const uint8_t* W, const uint8_t* S, int nrows, const uint8_t* x, int K,
@@ -1235,26 +1258,14 @@ void q8_dot_rows_one_vector(const uint8_t* W, const uint8_t* S, int nrows, const
   if (nrows <= 0) return;
   const Streams pf = q8_streams(W, S, nrows, K, prefetch);
   const auto* xq = static_cast<const uint8_t*>(x);
-  // The scales are checked for codes outside [1, 254] a few rows at a time, just before those rows
-  // run: as many rows as half the scale stream's prefetch distance holds (whole groups of 4, at least
-  // one; the whole call without software prefetch), so that a chunk's check reads lines requested a
-  // chunk earlier. A check of the whole call's scales before its first row read them from DRAM at
-  // once, with nothing to overlap. On the 2-core Emerald Rapids (2 threads, batch 1, 6 alternating
-  // rounds against the whole-call check) ds_fp4 went from 0.876 to 0.898 of the read and mxfp4 stayed
-  // about even (0.877 / 0.872; docs/benchmarks.md, thirty-ninth session). Rows of either kind give
-  // the same bits.
   const size_t ldw = static_cast<size_t>(K) / 2, lds = static_cast<size_t>(K) / 32;
-  const int chunk =
-      pf.s.dist > 0 ? std::max(4, static_cast<int>(static_cast<size_t>(pf.s.dist) / 2 / lds) / 4 * 4) : nrows;
-  for (int r = 0; r < nrows; r += chunk) {
-    const int n = std::min(chunk, nrows - r);
-    const uint8_t* s = S + r * lds;
-    if (e8m0_all_normal(s, static_cast<size_t>(n) * lds)) {
-      q8_one_vector_rows<true>(W + r * ldw, s, n, xq, K, out + r, pf, how);
+  by_checked_scale_chunks(S, nrows, K, pf, [&](int r, int n, bool normal) {
+    if (normal) {
+      q8_one_vector_rows<true>(W + r * ldw, S + r * lds, n, xq, K, out + r, pf, how);
     } else {
-      q8_one_vector_rows<false>(W + r * ldw, s, n, xq, K, out + r, pf, how);
+      q8_one_vector_rows<false>(W + r * ldw, S + r * lds, n, xq, K, out + r, pf, how);
     }
-  }
+  });
 #else
   (void)W, (void)S, (void)nrows, (void)x, (void)K, (void)out, (void)prefetch, (void)how;
   throw Error("fp4 int8 kernels need x86 (AVX512-VNNI)");
@@ -1271,11 +1282,14 @@ void q8_dot_rows_multi(const uint8_t* W, const uint8_t* S, int nrows, const void
   }
   q8_call(W, S, nrows, xs, n, K, prefetch, [&](auto nv, const uint8_t* const* xq, const Streams& pf) {
     constexpr int NV = decltype(nv)::value;
-    if (e8m0_all_normal(S, static_cast<size_t>(nrows) * (K / 32))) {
-      dot_rows_q8<NV, true>(W, S, nrows, xq, K, out, os, pf);
-    } else {
-      dot_rows_q8<NV, false>(W, S, nrows, xq, K, out, os, pf);
-    }
+    const size_t ldw = static_cast<size_t>(K) / 2, lds = static_cast<size_t>(K) / 32;
+    by_checked_scale_chunks(S, nrows, K, pf, [&](int r, int rows, bool normal) {
+      if (normal) {
+        dot_rows_q8<NV, true>(W + r * ldw, S + r * lds, rows, xq, K, out + r, os, pf);
+      } else {
+        dot_rows_q8<NV, false>(W + r * ldw, S + r * lds, rows, xq, K, out + r, os, pf);
+      }
+    });
   });
 #else
   (void)W, (void)S, (void)nrows, (void)xs, (void)n, (void)K, (void)out, (void)os, (void)prefetch, (void)by_multirow;
