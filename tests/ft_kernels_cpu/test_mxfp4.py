@@ -268,7 +268,8 @@ def test_one_nan_scale_anywhere_in_a_call(isa: str, row: int, routes: int, I: in
     np.testing.assert_array_equal(y16.view(np.uint16)[:, others], clean16.view(np.uint16)[:, others])
     ref, scale = reference(banks, x, ids, w, "silu")
     nan = np.isnan(ref)
-    assert nan.any() and np.array_equal(np.isnan(y), nan), f"{isa} row {row}: NaN at {np.argwhere(np.isnan(y))}"
+    got = np.argwhere(np.isnan(y))
+    assert nan.any() and np.array_equal(np.isnan(y), nan), f"{isa} row {row}: NaN at {got}"
     assert np.array_equal(np.flatnonzero(nan.any(axis=0)), [row])
     extra = np.broadcast_to(int8_extra(isa, banks, x, ids, w, "silu"), ref.shape)
     check(y[~nan][None], ref[~nan][None], scale[~nan][None], isa, extra[~nan][None])
