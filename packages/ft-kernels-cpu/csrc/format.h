@@ -140,12 +140,16 @@ class MoeFormat {
   // prefetches it (the call's rows, from its first byte to the end of its last row): pass 1 (pass2
   // false) rows [r0, r1) of expert e's gate and up, pass 2 its down rows [r0, r1). The executor
   // chains them across the units a worker runs (stream_prefetch.h's StreamChain), so that each
-  // stream's prefetch goes on into the next one. Returns how many (<= kMaxUnitStreams); a format
-  // that lists none, or a stream its kernels read otherwise, only loses the chaining.
+  // stream's prefetch goes on into the next one. A stream that the kernels read beside another (a
+  // scale bank beside the values) takes lane 1: its successor is the next stream of its own lane.
+  // Returns how many (<= kMaxUnitStreams a lane, kMaxUnitRanges in all); a format that lists none,
+  // or a stream its kernels read otherwise, only loses the chaining.
   static constexpr int kMaxUnitStreams = 4;
+  static constexpr int kMaxUnitRanges = 8;
   struct ByteRange {
     const void* begin;
     size_t bytes;
+    int lane = 0;  // StreamChain's lane: 0 the values, 1 a scale stream read beside them
   };
   virtual int unit_streams(bool /*pass2*/, int /*e*/, int /*r0*/, int /*r1*/, ByteRange* /*out*/) const { return 0; }
   // unit_streams of banks w13 [E, 2I, row13 bytes] (gate rows, then up rows) and w2 [E, H, row2 bytes].
