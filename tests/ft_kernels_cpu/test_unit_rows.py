@@ -402,3 +402,17 @@ def test_nvfp4_scale_streams_chain_beside_the_values(monkeypatch: pytest.MonkeyP
     assert values["chain_links"] > 0
     # Every pass-1 unit's gate and up scale streams link as its value streams do.
     assert both["chain_links"] >= values["chain_links"] + both["units1"], (both, values)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_ds_fp4_scale_streams_chain_beside_the_values(threads: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # ds_fp4's kernels prefetch the e8m0 scale bank beside the values, and its unit_streams list
+    # both (the scales in lane 1). A stream links at most once, so the value streams alone (gate and
+    # up a pass-1 unit, one a pass-2 unit) give at most 2 units1 + units2 links: more means the
+    # scale streams link too.
+    monkeypatch.delenv("FT_CPU_MOE_UNIT_ROWS", raising=False)
+    monkeypatch.delenv("FT_CPU_MOE_CHAIN", raising=False)
+    prof: dict = {}
+    run_format("ds_fp4", threads=threads, prefetch=4096, profile=prof, tokens=1)
+    value_streams = 2 * prof["units1"] + prof["units2"]
+    assert prof["chain_links"] > value_streams, prof
