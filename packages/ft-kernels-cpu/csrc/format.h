@@ -165,6 +165,16 @@ class MoeFormat {
     out[1] = {static_cast<const char*>(w13) + (g + I) * row13, rows * row13};
     return 2;
   }
+  // The same for FP4 banks (two codes a byte) and their scale banks of one byte per `group` codes in
+  // the same row order ([E, 2I, H / group], [E, H, I / group]): the values' streams in lane 0, then
+  // the scales' in lane 1 (nvfp4, ds_fp4).
+  static int fp4_streams_with_scales(bool pass2, const void* w13, const void* s13, const void* w2, const void* s2,
+                                     int group, int I, int H, int e, int r0, int r1, ByteRange* out) {
+    const int n = gate_up_down_streams(pass2, w13, H / 2, w2, I / 2, I, H, e, r0, r1, out);
+    const int m = gate_up_down_streams(pass2, s13, H / group, s2, I / group, I, H, e, r0, r1, out + n);
+    for (int i = n; i < n + m; ++i) out[i].lane = 1;
+    return n + m;
+  }
 
   // Pass 2, for output rows [h0, h1), n <= kMaxTokensPerCall routes of one expert `e`
   // (routes[j].expert == e), each weight row read once for all of them, without the router weight:

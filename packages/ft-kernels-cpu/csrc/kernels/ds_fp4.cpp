@@ -116,12 +116,7 @@ class DsFp4Format final : public MoeFormat {
   // unit where ds_fp4's two start, was even or behind with the same (-0.013 paired, ahead in 5 of
   // 12), and lists its values only (docs/benchmarks.md, fortieth session).
   int unit_streams(bool pass2, int e, int r0, int r1, ByteRange* out) const override {
-    const int n = gate_up_down_streams(pass2, w13_, p_.hidden / 2, w2_, p_.intermediate / 2, p_.intermediate,
-                                       p_.hidden, e, r0, r1, out);
-    const int m = gate_up_down_streams(pass2, s13_, p_.hidden / 32, s2_, p_.intermediate / 32, p_.intermediate,
-                                       p_.hidden, e, r0, r1, out + n);
-    for (int i = n; i < n + m; ++i) out[i].lane = 1;
-    return n + m;
+    return fp4_streams_with_scales(pass2, w13_, s13_, w2_, s2_, 32, p_.intermediate, p_.hidden, e, r0, r1, out);
   }
 
   size_t inter_prep_bytes() const override { return vec_bytes(h_, p_.intermediate); }

@@ -684,12 +684,7 @@ class Nvfp4Format final : public MoeFormat {
   // the GPU machine's Xeon; docs/benchmarks.md, fortieth session). Calls of several vectors prefetch
   // no scale stream, and never link to these entries.
   int unit_streams(bool pass2, int e, int r0, int r1, ByteRange* out) const override {
-    const int n = gate_up_down_streams(pass2, w13_, p_.hidden / 2, w2_, p_.intermediate / 2, p_.intermediate,
-                                       p_.hidden, e, r0, r1, out);
-    const int m = gate_up_down_streams(pass2, s13_, p_.hidden / 16, s2_, p_.intermediate / 16, p_.intermediate,
-                                       p_.hidden, e, r0, r1, out + n);
-    for (int i = n; i < n + m; ++i) out[i].lane = 1;
-    return n + m;
+    return fp4_streams_with_scales(pass2, w13_, s13_, w2_, s2_, 16, p_.intermediate, p_.hidden, e, r0, r1, out);
   }
 
 
