@@ -132,48 +132,9 @@ void run_case(size_t bytes, int dist, int near, size_t succ_bytes) {
   if (g_failures == before) std::printf("ok %s\n", ctx);
 }
 
-// Two lanes, as nvfp4's units list them: values v0 v1 (lane 0), scales s0 s1 (lane 1), then the next
-// unit's v2 v3 and s2 s3. Each stream links to the next one of its own lane, and the first stream of
-// each lane's successor skips its burst (its head warm) while the other lane's head stays warm too.
-void run_lanes_case() {
-  static std::vector<char> buf(1 << 20);
-  const char* b = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
-  const size_t len = 16384;
-  const char *v0 = b, *v1 = b + len, *v2 = b + 2 * len, *v3 = b + 3 * len;
-  const char *s0 = b + 4 * len, *s1 = b + 5 * len, *s2 = b + 6 * len, *s3 = b + 7 * len;
-  ft::t_prefetch_near = 0;
-  ft::StreamChain& c = ft::thread_chain();
-  c.start(false);
-  c.linked = 0;
-  for (const char* v : {v0, v1}) c.add(v, len, 0);
-  for (const char* s : {s0, s1}) c.add(s, len, 1);
-  for (const char* v : {v2, v3}) c.add(v, len, 0);
-  for (const char* s : {s2, s3}) c.add(s, len, 1);
-  const char* ctx = "lanes";
-  const int before = g_failures;
-  auto link = [&](const char* p, const char* want, bool warm_want, const char* what) {
-    g_requests.clear();
-    const ft::StreamPrefetch<> pf(p, len, 1024);
-    if (pf.succ != want) fail(what, static_cast<long>(pf.succ - b), static_cast<long>(want - b), ctx);
-    const bool warm = !g_requests.empty() && g_requests.front().first != p;
-    if (warm != warm_want) fail(what, warm, warm_want, ctx);
-  };
-  link(v0, v1, false, "v0: successor v1, its burst");
-  link(s0, s1, false, "s0: successor s1 (not v2), its burst");
-  link(v1, v2, true, "v1: successor v2, warm head");
-  link(s1, s2, true, "s1: successor s2, warm head");
-  link(v2, v3, true, "v2: successor v3, warm head");
-  link(s2, s3, true, "s2: successor s3, warm head");
-  if (c.linked != 6) fail("links", static_cast<long>(c.linked), 6, ctx);
-  g_requests.clear();
-  c.start(false);
-  if (g_failures == before) std::printf("ok %s\n", ctx);
-}
-
 }  // namespace
 
 int main() {
-  run_lanes_case();
   const size_t sizes[] = {64 * 1152, 2048 * 432 + 100, 3000, 130, 64};
   for (size_t bytes : sizes) {
     for (int dist : {512, 8192}) {

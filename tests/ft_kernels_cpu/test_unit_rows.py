@@ -381,38 +381,3 @@ def test_gate_up_slice_default_and_variable(monkeypatch: pytest.MonkeyPatch) -> 
     for value in ("0", "4096"):
         monkeypatch.setenv("FT_CPU_MOE_GATE_UP_SLICE", value)
         assert fk.MoeExecutor(64, 2, max_tokens=1).gate_up_slice_bytes == int(value)
-
-
-def test_nvfp4_scale_streams_chain_beside_the_values(monkeypatch: pytest.MonkeyPatch) -> None:
-    # nvfp4's 4-row one-vector kernel prefetches its scale bank beside the values, and its
-    # unit_streams list both, the scales in a lane of their own (stream_prefetch.h): each call's
-    # scale stream links on to the worker's next one. With the 4-row kernel off (rows one at a time
-    # below FT_CPU_MOE_MULTIROW_BYTES's 10^6 bytes) only the values link, in the same units.
-    monkeypatch.delenv("FT_CPU_MOE_UNIT_ROWS", raising=False)
-    monkeypatch.delenv("FT_CPU_MOE_CHAIN", raising=False)
-    if fk.MoeExecutor(64, 1, max_tokens=1, num_threads=1).isa != "avx512_bf16":
-        pytest.skip("the 4-row one-vector kernel is the avx512_bf16 tier's")
-    both: dict = {}
-    y_both = run_format("nvfp4", threads=1, prefetch=4096, profile=both, tokens=1)
-    monkeypatch.setenv("FT_CPU_MOE_MULTIROW_BYTES", "1000000,1000000")
-    values: dict = {}
-    y_values = run_format("nvfp4", threads=1, prefetch=4096, profile=values, tokens=1)
-    np.testing.assert_array_equal(y_both, y_values)
-    assert (both["units1"], both["units2"]) == (values["units1"], values["units2"])
-    assert values["chain_links"] > 0
-    # Every pass-1 unit's gate and up scale streams link as its value streams do.
-    assert both["chain_links"] >= values["chain_links"] + both["units1"], (both, values)
-
-
-@pytest.mark.parametrize("threads", [1, 3])
-def test_ds_fp4_scale_streams_chain_beside_the_values(threads: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    # ds_fp4's kernels prefetch the e8m0 scale bank beside the values, and its unit_streams list
-    # both (the scales in lane 1). A stream links at most once, so the value streams alone (gate and
-    # up a pass-1 unit, one a pass-2 unit) give at most 2 units1 + units2 links: more means the
-    # scale streams link too.
-    monkeypatch.delenv("FT_CPU_MOE_UNIT_ROWS", raising=False)
-    monkeypatch.delenv("FT_CPU_MOE_CHAIN", raising=False)
-    prof: dict = {}
-    run_format("ds_fp4", threads=threads, prefetch=4096, profile=prof, tokens=1)
-    value_streams = 2 * prof["units1"] + prof["units2"]
-    assert prof["chain_links"] > value_streams, prof

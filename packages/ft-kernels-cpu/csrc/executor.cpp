@@ -158,9 +158,9 @@ struct MoeJob final : PoolJob {
       pass2_rows(g, b, part, &r0, &r1);
     }
     if (r1 <= r0) return;
-    MoeFormat::ByteRange r[MoeFormat::kMaxUnitRanges];
-    const int n = std::min(layer->fmt->unit_streams(p2, group_expert[g], r0, r1, r), MoeFormat::kMaxUnitRanges);
-    for (int i = 0; i < n; ++i) c.add(r[i].begin, r[i].bytes, r[i].lane);
+    MoeFormat::ByteRange r[MoeFormat::kMaxUnitStreams];
+    const int n = std::min(layer->fmt->unit_streams(p2, group_expert[g], r0, r1, r), MoeFormat::kMaxUnitStreams);
+    for (int i = 0; i < n; ++i) c.add(r[i].begin, r[i].bytes);
   }
 
   // A group's down rows need only that group's intermediate: no barrier across all of pass 1.

@@ -140,16 +140,12 @@ class MoeFormat {
   // prefetches it (the call's rows, from its first byte to the end of its last row): pass 1 (pass2
   // false) rows [r0, r1) of expert e's gate and up, pass 2 its down rows [r0, r1). The executor
   // chains them across the units a worker runs (stream_prefetch.h's StreamChain), so that each
-  // stream's prefetch goes on into the next one. A stream that the kernels read beside another (a
-  // scale bank beside the values) takes lane 1: its successor is the next stream of its own lane.
-  // Returns how many (<= kMaxUnitStreams a lane, kMaxUnitRanges in all); a format that lists none,
-  // or a stream its kernels read otherwise, only loses the chaining.
+  // stream's prefetch goes on into the next one. Returns how many (<= kMaxUnitStreams); a format
+  // that lists none, or a stream its kernels read otherwise, only loses the chaining.
   static constexpr int kMaxUnitStreams = 4;
-  static constexpr int kMaxUnitRanges = 8;
   struct ByteRange {
     const void* begin;
     size_t bytes;
-    int lane = 0;  // StreamChain's lane: 0 the values, 1 a scale stream read beside them
   };
   virtual int unit_streams(bool /*pass2*/, int /*e*/, int /*r0*/, int /*r1*/, ByteRange* /*out*/) const { return 0; }
   // unit_streams of banks w13 [E, 2I, row13 bytes] (gate rows, then up rows) and w2 [E, H, row2 bytes].
@@ -164,16 +160,6 @@ class MoeFormat {
     out[0] = {static_cast<const char*>(w13) + g * row13, rows * row13};
     out[1] = {static_cast<const char*>(w13) + (g + I) * row13, rows * row13};
     return 2;
-  }
-  // The same for FP4 banks (two codes a byte) and their scale banks of one byte per `group` codes in
-  // the same row order ([E, 2I, H / group], [E, H, I / group]): the values' streams in lane 0, then
-  // the scales' in lane 1 (nvfp4, ds_fp4).
-  static int fp4_streams_with_scales(bool pass2, const void* w13, const void* s13, const void* w2, const void* s2,
-                                     int group, int I, int H, int e, int r0, int r1, ByteRange* out) {
-    const int n = gate_up_down_streams(pass2, w13, H / 2, w2, I / 2, I, H, e, r0, r1, out);
-    const int m = gate_up_down_streams(pass2, s13, H / group, s2, I / group, I, H, e, r0, r1, out + n);
-    for (int i = n; i < n + m; ++i) out[i].lane = 1;
-    return n + m;
   }
 
   // Pass 2, for output rows [h0, h1), n <= kMaxTokensPerCall routes of one expert `e`

@@ -108,15 +108,9 @@ class DsFp4Format final : public MoeFormat {
     }
   }
 
-  // The values' streams (lane 0), then the e8m0 scales' (lane 1), which every kernel prefetches beside
-  // the values: chained as nvfp4's. On the 2-core Emerald Rapids (2 threads, batch 1, 6 alternating
-  // rounds) 0.806 -> 0.836 of the read in the medians, +0.030 paired, ahead in 6 of 6, then even in
-  // 16 rounds of a more disturbed hour (all 22: +0.019, ahead in 13; not yet run on the GPU
-  // machine's Xeon); mxfp4, whose one stream of interleaved gate and up rows starts once a pass-1
-  // unit where ds_fp4's two start, was even or behind with the same (-0.013 paired, ahead in 5 of
-  // 12), and lists its values only (docs/benchmarks.md, fortieth session).
   int unit_streams(bool pass2, int e, int r0, int r1, ByteRange* out) const override {
-    return fp4_streams_with_scales(pass2, w13_, s13_, w2_, s2_, 32, p_.intermediate, p_.hidden, e, r0, r1, out);
+    return gate_up_down_streams(pass2, w13_, p_.hidden / 2, w2_, p_.intermediate / 2, p_.intermediate, p_.hidden, e,
+                                r0, r1, out);
   }
 
   size_t inter_prep_bytes() const override { return vec_bytes(h_, p_.intermediate); }

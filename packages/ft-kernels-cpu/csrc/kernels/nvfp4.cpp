@@ -675,16 +675,9 @@ class Nvfp4Format final : public MoeFormat {
     }
   }
 
-  // The values' streams (lane 0), then the scales' (lane 1), which the 4-row one-vector kernel
-  // prefetches beside the values: chained too, each call's scale stream goes on into the worker's
-  // next one, whose first scale group (and its NaN check) then finds its lines requested, where each
-  // call's scales began with a burst from DRAM. On the 2-core Emerald Rapids (2 threads, batch 1, 12
-  // alternating rounds) 0.849 -> 0.888 of the read in the medians, +0.033 paired, ahead in 8 of 12;
-  // 8 more rounds in a more disturbed hour were even (all 20: +0.012, ahead in 12; not yet run on
-  // the GPU machine's Xeon; docs/benchmarks.md, fortieth session). Calls of several vectors prefetch
-  // no scale stream, and never link to these entries.
   int unit_streams(bool pass2, int e, int r0, int r1, ByteRange* out) const override {
-    return fp4_streams_with_scales(pass2, w13_, s13_, w2_, s2_, 16, p_.intermediate, p_.hidden, e, r0, r1, out);
+    return gate_up_down_streams(pass2, w13_, p_.hidden / 2, w2_, p_.intermediate / 2, p_.intermediate, p_.hidden, e,
+                                r0, r1, out);
   }
 
 

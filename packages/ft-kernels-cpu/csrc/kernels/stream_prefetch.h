@@ -24,8 +24,6 @@
 // it each stream starts from DRAM's latency and its last `dist` bytes drain the core's requests; on
 // the GPU machine's Xeon a probe of 16 threads reading 32-128 KiB units with ~16 cycles of compute per
 // line went from 0.81-0.91 to 0.87-0.96 of the read bandwidth (tools/stream_probe.cpp, `t0-cont`).
-// Streams read side by side in the same calls (nvfp4's scale bank beside its values) chain in a lane
-// of their own: each entry's successor is the next entry of its lane, with a warm head per lane.
 //
 // StreamPrefetch is stateless and passed by const reference into the kernels: ahead(p) once per
 // 64-byte line read at p (bf16, fp8_block, nvfp4, mxfp4, ds_fp4), or ahead_block<N>(p) once per
@@ -151,30 +149,23 @@ inline size_t rows_stream_bytes(size_t ld, int nrows, size_t row_bytes) {
 // kernels read them (MoeFormat::unit_streams; empty outside the executor's units).
 struct StreamChain {
   static constexpr int kMax = 16;
-  // Lanes: streams that run side by side in the same kernel calls (a format's values and its scales)
-  // chain each to the next entry of their own lane.
-  static constexpr int kLanes = 2;
   int n = 0;
   const char* begin[kMax];
   const char* end[kMax];
-  int lane[kMax];
-  // The head of the entry that the stream running now will prefetch into, per lane: the first stream
+  // The head of the entry that the stream running now will prefetch into: the first stream
   // constructed with this begin skips its burst.
-  const char* warm_head[kLanes] = {nullptr, nullptr};
+  const char* warm_head = nullptr;
   uint64_t linked = 0;  // streams linked to a successor since the executor last collected them
   // A unit's chain: its streams and its successor's. warm_head stays when the unit was claimed
   // during the previous one (whose last stream requested this unit's head), else it is reset.
   void start(bool head_requested) {
     n = 0;
-    if (!head_requested) {
-      for (auto& h : warm_head) h = nullptr;
-    }
+    if (!head_requested) warm_head = nullptr;
   }
-  void add(const void* p, size_t bytes, int l = 0) {
-    if (n < kMax && bytes && l >= 0 && l < kLanes) {
+  void add(const void* p, size_t bytes) {
+    if (n < kMax && bytes) {
       begin[n] = static_cast<const char*>(p);
       end[n] = begin[n] + bytes;
-      lane[n] = l;
       ++n;
     }
   }
@@ -192,28 +183,16 @@ inline StreamChain& thread_chain() {
 // whether its predecessor is requesting its head (then it skips the burst of its first bytes).
 inline bool chain_link(const char* b, const char* e, const char** sb, const char** se) {
   StreamChain& c = thread_chain();
-  *sb = *se = nullptr;
   // Only inside a chained unit (n > 0): a head left from another job's units never skips a burst.
-  bool warm = false;
-  if (c.n > 0) {
-    for (auto& h : c.warm_head) {
-      if (h != nullptr && h == b) {
-        warm = true;
-        h = nullptr;
-      }
-    }
-  }
+  const bool warm = c.n > 0 && c.warm_head != nullptr && c.warm_head == b;
+  *sb = *se = nullptr;
+  if (warm) c.warm_head = nullptr;
   for (int i = 0; i + 1 < c.n; ++i) {
     if (c.begin[i] == b && c.end[i] == e) {
-      for (int k = i + 1; k < c.n; ++k) {
-        if (c.lane[k] == c.lane[i]) {
-          *sb = c.begin[k];
-          *se = c.end[k];
-          c.warm_head[c.lane[i]] = *sb;
-          ++c.linked;
-          break;
-        }
-      }
+      *sb = c.begin[i + 1];
+      *se = c.end[i + 1];
+      c.warm_head = *sb;
+      ++c.linked;
       break;
     }
   }
