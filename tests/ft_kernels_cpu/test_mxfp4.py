@@ -254,7 +254,7 @@ def test_one_nan_scale_anywhere_in_a_call(isa: str, row: int, routes: int, I: in
     rng = np.random.default_rng(7)
     H, E = 224, 1
     banks = make_layer(rng, E, H, I, bias=False)
-    banks["w13"][0, 2 * (I - 32) :] = 0x22  # gate and up rows of h[64:96]
+    banks["w13"][0, 2 * (I - 32) :] = 0x22  # gate and up rows of h[I - 32 : I], the last block
     banks["w2"][0, row, -1] = 0x22
     clean = {k: v.copy() for k, v in banks.items()}
     banks["w2_scale"][0, row, -1] = 255
