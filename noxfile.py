@@ -26,7 +26,9 @@ BUILD_DEPS = ["scikit-build-core>=0.10", "pybind11>=2.12", "ninja", "numpy", "ml
 # torch pinned: a bare `torch` resolves to a multi-GB CUDA build; 2.13.0+cpu comes from the local wheel dir.
 # Triton runs on CPU tensors under TRITON_INTERPRET=1.
 RUNTIME_DEPS = ["torch==2.13.0", "triton==3.9.0", "safetensors", "gguf"]
-TEST_DEPS = ["pytest", "gguf"]  # gguf: the reference dequantizers of the kernel tests
+# gguf: the reference dequantizers of the kernel tests; setuptools: the build backend of the stand-in
+# packages of test_kernels_ab.py (virtualenv stops seeding it from Python 3.12).
+TEST_DEPS = ["pytest", "gguf", "setuptools"]
 
 
 def _package_dir(dist: str) -> str:
